@@ -1,0 +1,64 @@
+# PagedBench. `make test` and `make bench` do all of their set-up themselves.
+#
+# Where python3 already imports torch (a GPU box with its own CUDA build), that interpreter is used;
+# otherwise a local .venv is made and torch==2.13.0 (a CPU build) is installed into it first, since a
+# bare `torch` requirement would pull a multi-GB CUDA build.
+
+SHELL := /bin/bash
+VENV ?= .venv
+SYS_TORCH := $(shell python3 -c "import torch" >/dev/null 2>&1 && echo yes)
+ifeq ($(SYS_TORCH),yes)
+PY := python3
+else
+PY := $(VENV)/bin/python
+endif
+STAMP := $(VENV)/.pagedbench-installed
+IMPL ?= triton
+PYTEST_FLAGS ?=
+
+.PHONY: install test test-full conformance mutants bench bench-full lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+ifeq ($(SYS_TORCH),yes)
+	mkdir -p $(VENV)
+	$(PY) -m pip install -q -e ".[dev]"
+else
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+endif
+	touch $@
+
+## The CI gate: the conformance suite (block manager, kernels under Triton's interpreter on a CPU,
+## engine) and the mutation check. The fuller grids are behind the `slow` marker (`make test-full`).
+test: install
+	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_FLAGS)
+
+test-full: install
+	$(PY) -m pytest -q $(PYTEST_FLAGS)
+
+## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
+conformance: install
+	$(PY) -m conformance --impl $(IMPL)
+
+mutants: install
+	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)
+
+## All studies with their default configs; writes results/.
+bench: install
+	$(PY) -m bench
+
+bench-full: install
+	$(PY) -m bench --full
+
+lint: install
+	$(PY) -m ruff check .
+
+format: install
+	$(PY) -m ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .benchmarks *.egg-info

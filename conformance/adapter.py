@@ -1,0 +1,104 @@
+"""The implementation-under-test interface.
+
+The conformance suite never imports kernels or the engine directly: every test receives an
+:class:`Implementation` and calls its methods. To put another paged-attention implementation through
+the suite, subclass :class:`Implementation`, override what it supports, and register a factory::
+
+    from conformance.adapter import Implementation, register
+
+    @register("mine")
+    class Mine(Implementation):
+        def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, **kw): ...
+
+Every method that is not overridden raises :class:`NotSupported`, which the suite reports as
+"not supported" (a skip with the reason), never as a pass. Signatures follow the ``kernels`` contract;
+see ``kernels/__init__.py`` for shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class NotSupported(Exception):
+    """The implementation does not support this operation or this configuration."""
+
+
+class Implementation:
+    """Base adapter. Override the operations an implementation supports."""
+
+    name: str = "unnamed"
+    device: torch.device = torch.device("cpu")
+    #: dtypes the implementation claims; cases with other dtypes are "not supported"
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    #: False for deliberately broken implementations (the mutation check)
+    expected_to_pass: bool = True
+
+    def _unsupported(self, op: str) -> NotSupported:
+        return NotSupported(f"{self.name} does not implement {op}")
+
+    # --- attention over the paged KV cache -------------------------------------------------------
+    def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
+                     sliding_window=None, num_splits=None, out=None, return_lse=False) -> Any:
+        raise self._unsupported("paged_decode")
+
+    def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
+                      sliding_window=None, out=None, return_lse=False) -> Any:
+        raise self._unsupported("paged_prefill")
+
+    def contiguous_decode(self, q, k, v, seq_lens, *, scale=None, out=None) -> Any:
+        raise self._unsupported("contiguous_decode")
+
+    # --- KV cache writes ---------------------------------------------------------------------------
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        raise self._unsupported("write_kv")
+
+    def copy_blocks(self, k_cache, v_cache, pairs) -> None:
+        raise self._unsupported("copy_blocks")
+
+    # --- block accounting --------------------------------------------------------------------------
+    def block_manager(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
+        """A fresh object with the ``refengine.BlockManager`` contract."""
+        raise self._unsupported("block_manager")
+
+
+_REGISTRY: dict[str, Callable[[], Implementation]] = {}
+
+
+def register(name: str):
+    """Class decorator (or factory decorator) adding an implementation under ``name``."""
+
+    def deco(factory):
+        if name in _REGISTRY:
+            raise ValueError(f"implementation {name!r} is already registered")
+        _REGISTRY[name] = factory
+        if isinstance(factory, type):
+            factory.name = name
+        return factory
+
+    return deco
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Implementation:
+    """A fresh instance of the implementation registered as ``name``."""
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    impl = factory()
+    impl.name = name
+    return impl
+
+
+def _load_builtin() -> None:
+    # The built-in adapters (and the mutants) register themselves on import.
+    from conformance import implementations  # noqa: F401

@@ -1,0 +1,59 @@
+"""Pytest wiring for the conformance suite: which implementations run, and how "not supported" shows.
+
+``--impl NAME[,NAME...]`` picks the implementations (default: every built-in one that is expected to
+pass). A test that takes the ``impl`` fixture runs once per implementation, with the implementation's
+name in its id; an operation the implementation does not support is reported as a skip that says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from conformance import adapter
+
+DEFAULT_IMPLS = ("triton", "torch", "flex")
+
+settings.register_profile("dev", deadline=None, max_examples=100)
+settings.register_profile(
+    "ci", deadline=None, max_examples=100, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--impl", action="store", default=",".join(DEFAULT_IMPLS),
+        help=f"comma-separated implementations to check (known: {', '.join(adapter.available())})",
+    )
+
+
+def selected_impls(config: pytest.Config) -> list[str]:
+    names = [n.strip() for n in config.getoption("--impl").split(",") if n.strip()]
+    known = adapter.available()
+    for n in names:
+        if n not in known:
+            raise pytest.UsageError(f"--impl: unknown implementation {n!r}; known: {', '.join(known)}")
+    return names
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "impl" in metafunc.fixturenames:
+        names = selected_impls(metafunc.config)
+        metafunc.parametrize("impl", names, indirect=True, ids=names, scope="session")
+
+
+@pytest.fixture(scope="session")
+def impl(request: pytest.FixtureRequest) -> adapter.Implementation:
+    return adapter.get(request.param)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    try:
+        return (yield)
+    except adapter.NotSupported as e:
+        pytest.skip(f"not supported: {e}")
