@@ -17,7 +17,8 @@ _EXPORTS = {
     "SamplingParams": "refengine.sampling",
     "RequestOutput": "refengine.outputs",
     "CompletionOutput": "refengine.outputs",
-    "ModelConfig": "refengine.model",
+    "ModelConfig": "refengine.model_config",
+    "load_model": "refengine.loader",
 }
 
 __all__ = sorted(_EXPORTS)
