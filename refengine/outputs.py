@@ -1,0 +1,43 @@
+"""What ``LLM.generate`` returns: one :class:`RequestOutput` per prompt, in the prompts' order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINISH_REASONS = ("length", "stop", "eos")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutput:
+    """One completion (child) of a request.
+
+    ``finish_reason``: "length" (``max_tokens`` reached, or the model's maximum length), "stop" (a
+    ``stop_token_ids`` token was generated; it is the last of ``token_ids``), "eos" (the model's EOS
+    token was generated; it is the last of ``token_ids``).
+    """
+
+    index: int  # child index in [0, n)
+    token_ids: tuple[int, ...]  # generated tokens (the prompt excluded)
+    finish_reason: str  # one of FINISH_REASONS
+    text: str | None = None  # the decoded tokens when the model folder has a tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """The outcome of one prompt.
+
+    A rejected request has ``error`` set (why: empty prompt, token outside the vocabulary, too long,
+    can never fit the KV pool, ...), ``outputs == ()`` and ``num_cached_tokens == 0``; the other
+    requests of the same ``generate`` call are unaffected.
+    """
+
+    request_id: int  # unique within one LLM
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]  # n completions, by index
+    num_cached_tokens: int  # prompt tokens served from the prefix cache at first admission
+    prompt: str | None = None  # the prompt text when one was given
+    error: str | None = None  # None for a served request
+
+    @property
+    def finished(self) -> bool:
+        return self.error is None
