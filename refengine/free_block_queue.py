@@ -1,0 +1,146 @@
+"""The block object and the intrusive doubly linked list that holds the free ones.
+
+A :class:`KVBlock` carries its own list links (``prev_free`` / ``next_free``), so a block found through
+the prefix-cache map can be taken out of the middle of the free list in O(1) (vLLM v1 does the same;
+nano-vllm's ``deque.remove`` is O(n)). Two sentinel nodes bound the list, so no operation branches on
+an empty neighbour::
+
+    head <-> b7 <-> b3 <-> b4 <-> tail
+            (LRU: taken first)  (MRU: appended last)
+
+:class:`FreeBlockQueue` invariants (checked by :meth:`FreeBlockQueue.check`):
+
+* every block in the queue has ``ref_count == 0`` and ``in_free_queue`` set; no block is in it twice;
+* ``len(queue)`` equals the number of blocks between the sentinels;
+* links are consistent: ``b.next_free.prev_free is b`` for every node ``b`` (sentinels included);
+* a block not in any queue has both links ``None``.
+
+Eviction order: the head is the least recently freed block. The block manager frees a sequence's
+blocks tail first, so a chain's tail sits nearer the head than its own head and is evicted first.
+``popleft``, ``append`` and ``remove`` are O(1) and allocate nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    """One physical KV block's bookkeeping (the KV data itself lives in the block pool)."""
+
+    block_id: int  # physical block id: index into the pool, fixed for the block's lifetime
+    ref_count: int = 0  # number of block tables holding this block; 0 means it is in a free queue
+    block_hash: bytes | None = None  # prefix-cache key while the block is published in the cache map
+    parent_hash: bytes | None = None  # the chain hash this block's hash was computed from (for checks)
+    token_ids: tuple[int, ...] | None = None  # tokens whose KV the block holds, kept to verify every hit
+    parent_key: object = None  # content_id of the parent cached block, or ("root", salt) for a first block
+    content_id: int = 0  # unique id of this publication (never reused), the parent_key of its children
+    in_free_queue: bool = False  # True while linked into a FreeBlockQueue
+    prev_free: KVBlock | None = field(default=None, repr=False)  # previous node in the free queue
+    next_free: KVBlock | None = field(default=None, repr=False)  # next node in the free queue
+
+    def clear_cache_entry(self) -> None:
+        """Forget the prefix-cache identity (on eviction)."""
+        self.block_hash = None
+        self.parent_hash = None
+        self.token_ids = None
+        self.parent_key = None
+        self.content_id = 0
+
+
+class FreeBlockQueue:
+    """An intrusive doubly linked list of free :class:`KVBlock` objects (see the module docstring)."""
+
+    __slots__ = ("_head", "_len", "_tail")
+
+    def __init__(self, blocks: list[KVBlock] | None = None) -> None:
+        self._head = KVBlock(-1)  # sentinel before the LRU block
+        self._tail = KVBlock(-1)  # sentinel after the MRU block
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self._len = 0
+        for b in blocks or ():
+            self.append(b)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def popleft(self) -> KVBlock:
+        """Take the least recently appended block. Raises IndexError when empty."""
+        b = self._head.next_free
+        if b is self._tail:
+            raise IndexError("popleft from an empty FreeBlockQueue")
+        nxt = b.next_free
+        self._head.next_free = nxt
+        nxt.prev_free = self._head
+        b.prev_free = b.next_free = None
+        b.in_free_queue = False
+        self._len -= 1
+        return b
+
+    def peekleft(self) -> KVBlock | None:
+        """The block ``popleft`` would return, or None when empty."""
+        b = self._head.next_free
+        return None if b is self._tail else b
+
+    def append(self, b: KVBlock) -> None:
+        """Put ``b`` at the MRU end."""
+        if b.in_free_queue:
+            raise AssertionError(f"block {b.block_id} appended to a free queue twice")
+        last = self._tail.prev_free
+        last.next_free = b
+        b.prev_free = last
+        b.next_free = self._tail
+        self._tail.prev_free = b
+        b.in_free_queue = True
+        self._len += 1
+
+    def remove(self, b: KVBlock) -> None:
+        """Unlink ``b`` from anywhere in the queue (O(1))."""
+        if not b.in_free_queue:
+            raise AssertionError(f"block {b.block_id} removed from a free queue it is not in")
+        prv, nxt = b.prev_free, b.next_free
+        prv.next_free = nxt
+        nxt.prev_free = prv
+        b.prev_free = b.next_free = None
+        b.in_free_queue = False
+        self._len -= 1
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        """LRU to MRU (the order ``popleft`` takes them)."""
+        b = self._head.next_free
+        while b is not self._tail:
+            yield b
+            b = b.next_free
+
+    def block_ids(self) -> list[int]:
+        """Block ids from LRU to MRU."""
+        return [b.block_id for b in self]
+
+    def check(self, name: str) -> None:
+        """Raise AssertionError naming the broken invariant (see the module docstring)."""
+        seen: set[int] = set()
+        node = self._head
+        while node.next_free is not self._tail:
+            nxt = node.next_free
+            if nxt is None or nxt.prev_free is not node:
+                raise AssertionError(f"{name}: broken links after block {node.block_id}")
+            if nxt.block_id in seen:
+                raise AssertionError(f"{name}: block {nxt.block_id} is in the queue twice")
+            if nxt.ref_count != 0:
+                raise AssertionError(f"{name}: block {nxt.block_id} is free with ref count {nxt.ref_count}")
+            if not nxt.in_free_queue:
+                raise AssertionError(f"{name}: block {nxt.block_id} is linked but not marked in_free_queue")
+            seen.add(nxt.block_id)
+            node = nxt
+            if len(seen) > self._len:
+                raise AssertionError(f"{name}: more linked blocks than its length {self._len}")
+        if self._tail.prev_free is not node:
+            raise AssertionError(f"{name}: tail sentinel does not point back at the last block")
+        if len(seen) != self._len:
+            raise AssertionError(f"{name}: length {self._len} but {len(seen)} blocks linked")
