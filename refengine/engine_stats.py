@@ -1,0 +1,86 @@
+"""``LLM.stats``: a frozen snapshot of the KV pool and the engine's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LLMStats:
+    """Counters since the LLM was built; pool figures as of now (after a generate: all blocks free)."""
+
+    num_blocks: int  # blocks in the KV pool
+    block_size: int  # token slots per block
+    num_used_blocks: int  # blocks held by sequences now
+    num_free_blocks: int  # free blocks, cached prefix blocks included
+    num_cached_blocks: int  # free blocks holding reusable prefix-cache K/V
+    peak_used_blocks: int  # most blocks held at the end of any step
+    mean_kv_utilisation: float  # mean over steps of token states held / slots in the pool
+    prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (re-admissions included)
+    prefix_hit_tokens: int  # of those, tokens served from the cache (not computed)
+    num_preemptions: int  # sequences preempted (recompute)
+    num_steps: int  # engine steps run
+    num_requests: int  # requests served
+    num_rejected_requests: int  # requests rejected with an error
+    num_prompt_tokens: int  # prompt tokens of the served requests
+    num_computed_tokens: int  # tokens run through the model (recomputed ones included)
+    num_generated_tokens: int  # tokens sampled
+    peak_running_seqs: int  # largest running batch
+    mean_running_seqs: float  # mean running batch over steps
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Share of looked-up prompt tokens served from the prefix cache (0 when nothing was looked up)."""
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+
+def _live_tokens(metrics) -> int:
+    """Token states held: ``live_tokens`` (paged, shared blocks once) or ``num_tokens`` (contiguous)."""
+    value = getattr(metrics, "live_tokens", None)
+    return metrics.num_tokens if value is None else value
+
+
+class StatsRecorder:
+    """Accumulates the per-step figures :class:`LLMStats` reports."""
+
+    __slots__ = ("computed", "generated", "kv_util_sum", "peak_used", "prompt", "rejected", "running_sum",
+                 "served", "steps")
+
+    def __init__(self) -> None:
+        self.steps = self.computed = self.generated = self.prompt = self.served = self.rejected = 0
+        self.peak_used = 0
+        self.kv_util_sum = 0.0
+        self.running_sum = 0
+
+    def requests(self, served: int, rejected: int) -> None:
+        self.served += served
+        self.rejected += rejected
+
+    def prompt_tokens(self, n: int) -> None:
+        self.prompt += n
+
+    def step(self, out, num_sampled: int, scheduler, block_manager) -> None:
+        """After a step: ``out`` the SchedulerOutput, ``num_sampled`` tokens sampled in it."""
+        self.steps += 1
+        self.computed += out.num_batched_tokens
+        self.generated += num_sampled
+        self.running_sum += len(scheduler.running)
+        m = block_manager.metrics()
+        self.peak_used = max(self.peak_used, block_manager.num_used_blocks)
+        self.kv_util_sum += _live_tokens(m) / (block_manager.num_blocks * block_manager.block_size)
+
+    def snapshot(self, block_manager, scheduler) -> LLMStats:
+        m = block_manager.metrics()
+        steps = max(self.steps, 1)
+        return LLMStats(
+            num_blocks=block_manager.num_blocks, block_size=block_manager.block_size,
+            num_used_blocks=block_manager.num_used_blocks, num_free_blocks=block_manager.num_free_blocks,
+            num_cached_blocks=block_manager.num_cached_blocks, peak_used_blocks=self.peak_used,
+            mean_kv_utilisation=self.kv_util_sum / steps,
+            prefix_query_tokens=getattr(m, "prefix_query_tokens", 0),
+            prefix_hit_tokens=getattr(m, "prefix_hit_tokens", 0),
+            num_preemptions=scheduler.num_preemptions, num_steps=self.steps, num_requests=self.served,
+            num_rejected_requests=self.rejected, num_prompt_tokens=self.prompt,
+            num_computed_tokens=self.computed, num_generated_tokens=self.generated,
+            peak_running_seqs=scheduler.peak_running, mean_running_seqs=self.running_sum / steps,
+        )
