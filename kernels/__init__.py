@@ -4,17 +4,12 @@ Cache layout, for K and for V alike::
 
     cache[num_blocks, block_size, num_kv_heads, head_dim]     slot = block_id * block_size + offset
 
-Public launchers (a contract: see README):
+Public launchers (a contract: see README and ``kernels.reference`` for the conventions):
 ``paged_decode``, ``paged_prefill``, ``write_kv``, ``copy_blocks``, ``contiguous_decode``.
 """
 
 from kernels import device  # noqa: F401  (first: decides TRITON_INTERPRET before any kernel is defined)
-
-# The launchers are filled in by kernels/attention.py and kernels/cache_ops.py.
-try:  # pragma: no cover - removed once the launchers land
-    from kernels.attention import contiguous_decode, paged_decode, paged_prefill
-    from kernels.cache_ops import copy_blocks, write_kv
-except ImportError:
-    pass
+from kernels.attention import contiguous_decode, paged_decode, paged_prefill
+from kernels.cache_ops import copy_blocks, write_kv
 
 __all__ = ["contiguous_decode", "copy_blocks", "paged_decode", "paged_prefill", "write_kv"]

@@ -1,0 +1,172 @@
+"""Launchers of the attention kernels (``kernels.attention_kernels``): validate -> derive sizes ->
+allocate or check ``out=`` -> launch. No math here; conventions (GQA mapping, window, LSE, empty rows)
+are those of ``kernels.reference``, whose docstring states them.
+
+Tile sizes are chosen by small explicit functions (no autotuning, so tests run one pinned config):
+large tiles under the Triton interpreter, where every program step costs milliseconds, and
+register-sized tiles on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels import device
+from kernels.attention_kernels import _decode_partial_kernel, _decode_reduce_kernel, _prefill_kernel
+from kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
+
+MIN_KEYS_PER_SPLIT = 512  # a split shorter than this costs more to merge than it gains
+MAX_SPLITS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTiles:
+    block_g: int  # query heads of one KV head handled together (power of two >= group size)
+    block_n: int  # keys per tile step
+    block_d: int  # head_dim padded to a power of two
+    num_warps: int
+
+
+def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bool) -> DecodeTiles:
+    """Tiles of the decode kernel. Its broadcast product holds block_g * block_n * block_d floats."""
+    block_g, block_d = triton.next_power_of_2(group_size), triton.next_power_of_2(head_dim)
+    budget = 1 << 18 if interpret else 1 << 14
+    block_n = max(1, budget // (block_g * block_d))
+    block_n = min(block_n, 256 if interpret else 128, triton.next_power_of_2(max(max_context, 1)))
+    if not interpret:
+        block_n = max(block_n, 16)
+    return DecodeTiles(block_g, 1 << (block_n.bit_length() - 1), block_d, 4)
+
+
+def prefill_tiles(head_dim: int, max_q_len: int, interpret: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D) of the prefill kernel; every one >= 16 (``tl.dot``)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_m = max(16, min(64, triton.next_power_of_2(max(max_q_len, 1))))
+    if interpret:
+        return block_m, 128, block_d
+    return (32, 32, block_d) if block_d >= 256 else (block_m, 64, block_d)
+
+
+def parallelism() -> int:
+    """Programs the device runs at once (streaming multiprocessors); 1 under the interpreter."""
+    b = device.backend()
+    if b.triton_interpret or not b.is_gpu:
+        return 1
+    return torch.cuda.get_device_properties(b.torch_device).multi_processor_count
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """Split-K heuristic: split only when (seqs x kv heads) programs leave SMs idle, into as many splits
+    as fill about two waves, each with at least MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS."""
+    programs = max(num_seqs * num_kv_heads, 1)
+    by_occupancy = math.ceil(2 * num_sms / programs)
+    by_length = math.ceil(max_context / MIN_KEYS_PER_SPLIT)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, sliding_window, num_splits,
+            out, max_context):
+    """Shared launch of paged and contiguous decode; returns (out, lse)."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, parallelism())
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty((num_seqs, num_heads), dtype=torch.float32, device=q.device)
+    if num_seqs == 0:
+        return out, lse
+    tiles = decode_tiles(group, head_dim, max_context, device.backend().triton_interpret)
+    if num_splits == 1:
+        part_out, part_lse = out, lse
+        out_strides = (*out.stride()[:2], 0, out.stride(2))
+        lse_strides = (*lse.stride(), 0)
+    else:
+        part_out = torch.empty((num_seqs, num_heads, num_splits, head_dim), dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        out_strides, lse_strides = part_out.stride(), part_lse.stride()
+    table = block_tables if paged else seq_lens  # unused pointer when not paged
+    table_strides = block_tables.stride() if paged else (0, 0)
+    _decode_partial_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k, v, table, seq_lens, part_out, part_lse,
+        scale, sliding_window or 0, block_size, group, head_dim,
+        *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
+        PAGED=paged, NUM_SPLITS=num_splits,
+        BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, num_warps=tiles.num_warps,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, out, lse, num_splits, head_dim,
+            *part_out.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
+            BLOCK_SPLITS=triton.next_power_of_2(num_splits), BLOCK_D=tiles.block_d,
+        )
+    return out, lse
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
+                 num_splits=None, out=None, return_lse=False, validate=None):
+    """Attention of one query per sequence (at its last position) over its paged K/V.
+
+    q ``[num_seqs, num_heads, head_dim]`` float32/float16/bfloat16; k_cache, v_cache ``[num_blocks,
+    block_size, num_kv_heads, head_dim]`` (q's dtype); block_tables int32 ``[num_seqs, max_blocks]``;
+    seq_lens int32 ``[num_seqs]``. ``num_splits`` forces split-K (None: :func:`choose_num_splits`).
+    Returns out ``[num_seqs, num_heads, head_dim]`` (q's dtype; ``out`` itself when given) and, with
+    ``return_lse``, lse float32 ``[num_seqs, num_heads]``.
+    """
+    shape = check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
+                               sliding_window=sliding_window, num_splits=num_splits, out=out,
+                               validate=validate)
+    out, lse = _decode(q, k_cache, v_cache, block_tables, seq_lens, paged=True, block_size=shape.block_size,
+                       scale=scale, sliding_window=sliding_window, num_splits=num_splits, out=out,
+                       max_context=shape.max_blocks * shape.block_size)
+    return (out, lse) if return_lse else out
+
+
+def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None):
+    """The non-paged baseline: the decode kernel reading K/V rows ``k[s, :seq_lens[s]]`` directly.
+
+    q ``[num_seqs, num_heads, head_dim]``; k, v ``[num_seqs, max_len, num_kv_heads, head_dim]``; seq_lens
+    int32 ``[num_seqs]``. Same kernel, tiles and split heuristic as :func:`paged_decode`, so their time
+    ratio measures the cost of the block-table indirection alone. Returns out like q.
+    """
+    check_contiguous_decode(q, k, v, seq_lens, scale=scale, out=out)
+    out, _ = _decode(q, k, v, None, seq_lens, paged=False, block_size=1, scale=scale, sliding_window=None,
+                     num_splits=None, out=out, max_context=k.shape[1])
+    return out
+
+
+def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
+                  sliding_window=None, out=None, return_lse=False, validate=None):
+    """Causal attention of each sequence's last ``q_len`` tokens over its paged K/V (already written).
+
+    q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]`` (sequence s owns
+    rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]``); other arguments as :func:`paged_decode`. Returns out
+    like q and, with ``return_lse``, lse float32 ``[total_q_tokens, num_heads]``. Reads cu_seqlens_q
+    back to size the grid. Rows owned by no sequence are left untouched.
+    """
+    shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
+                                sliding_window=sliding_window, out=out, validate=validate)
+    scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else float(scale)
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0
+    if max_q_len > 0:
+        block_m, block_n, block_d = prefill_tiles(shape.head_dim, max_q_len,
+                                                  device.backend().triton_interpret)
+        grid = (triton.cdiv(max_q_len, block_m), shape.num_heads, shape.num_seqs)
+        _prefill_kernel[grid](
+            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, lse,
+            scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+            *lse.stride(),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+        )
+    return (out, lse) if return_lse else out
