@@ -116,6 +116,8 @@ class BuddyAllocator:
         self.num_free += 1 << order
         self.rounding_waste -= (1 << order) - n
         base, tree_order = self.trees[bisect.bisect_right(self._tree_bases, offset) - 1]
+        # The bound keeps merging inside the tree. (With maximal trees a root's would-be buddy is the
+        # next tree's root, of a smaller order, so it could not be free at this order anyway.)
         while order < tree_order:
             buddy = base + ((offset - base) ^ (1 << order))
             if buddy not in self._free[order]:
