@@ -18,7 +18,8 @@ A new prompt reuses the longest chain of published blocks whose tokens *and* par
 collision can never serve another prompt's KV), but never its last token: at most
 ``(len(prompt) - 1) // block_size`` blocks are hits, so a fully cached prompt still computes the last
 block and with it the last token's logits (vLLM does the same). With ``allocate(..., publish=False)``
-blocks enter the cache only through :meth:`publish_blocks`, once their KV is written (vLLM #7822).
+blocks enter the cache only through :meth:`publish_blocks`, once their KV is written (vLLM #7822); a
+block filled by :meth:`append_token` is cached when it becomes full, if every earlier token is written.
 
 Free blocks sit in two O(1) intrusive queues (:mod:`refengine.free_block_queue`): uncached blocks,
 and *cached* blocks (published KV, no table holds them), which stay reusable by a prefix hit. A fresh
@@ -51,13 +52,14 @@ _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 class _Sequence:
     """One sequence's state (mutable, hot)."""
 
-    __slots__ = ("blocks", "chain_hash", "chain_key", "num_published", "salt", "token_ids")
+    __slots__ = ("blocks", "chain_hash", "chain_key", "num_computed", "num_published", "salt", "token_ids")
 
-    def __init__(self, blocks: list[KVBlock], token_ids: list[int], salt: object, num_published: int,
-                 chain_hash: bytes | None, chain_key: object) -> None:
+    def __init__(self, blocks: list[KVBlock], token_ids: list[int], salt: object, num_computed: int,
+                 num_published: int, chain_hash: bytes | None, chain_key: object) -> None:
         self.blocks = blocks  # the block table as block objects, logical order
         self.token_ids = token_ids  # every token of the sequence (prompt, then appended ones)
         self.salt = salt  # the request's cache_salt
+        self.num_computed = num_computed  # tokens [0, num_computed) have their KV written (or this step)
         self.num_published = num_published  # blocks [0, num_published) were looked up or published
         self.chain_hash = chain_hash  # hash of block num_published - 1 (the salt's root hash at 0)
         self.chain_key = chain_key  # parent_key for the next published block; None: chain broken
@@ -139,7 +141,8 @@ class BlockManager:
                 self._cached.remove(b)
             b.ref_count += 1
         blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
-        seq = _Sequence(blocks, tokens, cache_salt, len(hits), chain_hash, chain_key)
+        num_computed = len(tokens) if publish else len(hits) * bs
+        seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key)
         self._seqs[seq_id] = seq
         if self.enable_prefix_caching:
             self._counters[0] += len(tokens)
@@ -168,8 +171,10 @@ class BlockManager:
         else:
             copy = self._copy_on_write_last_block(seq)
         tokens.append(token_id)
-        if (n + 1) % bs == 0 and self.enable_prefix_caching and seq.num_published == n // bs:
-            self._publish(seq, (n + 1) // bs)
+        if seq.num_computed == n:  # the tokens before it are written: this one is written this step
+            seq.num_computed = n + 1
+            if (n + 1) % bs == 0 and self.enable_prefix_caching:
+                self._publish(seq, (n + 1) // bs)
         return [] if copy is None else [copy]
 
     def _copy_on_write_last_block(self, seq: _Sequence) -> tuple[int, int] | None:
@@ -198,7 +203,8 @@ class BlockManager:
         for b in parent.blocks:
             b.ref_count += 1
         self._seqs[child_id] = _Sequence(list(parent.blocks), list(parent.token_ids), parent.salt,
-                                         parent.num_published, parent.chain_hash, parent.chain_key)
+                                         parent.num_computed, parent.num_published, parent.chain_hash,
+                                         parent.chain_key)
         self._counters[4] += 1
 
     def free(self, seq_id: Hashable) -> None:
@@ -257,15 +263,18 @@ class BlockManager:
             return False
 
     def publish_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
-        """Enter every full block covering the first ``num_tokens`` tokens into the prefix cache.
+        """Mark the first ``num_tokens`` tokens' KV written; cache every full block they cover.
 
-        Call it once their KV is written (chunked prefill); a no-op without prefix caching.
+        Call it as chunked prefill writes the prompt (after ``allocate(..., publish=False)``). Blocks
+        that later fill through :meth:`append_token` are cached only once every earlier token is written.
         """
         seq = self._get(seq_id)
         n = len(seq.token_ids)
         if type(num_tokens) is not int or not 0 <= num_tokens <= n:
             raise InvalidArgumentError(f"num_tokens must be an int in [0, {n}] for sequence {seq_id!r}, "
                                        f"got {num_tokens!r}")
+        if num_tokens > seq.num_computed:
+            seq.num_computed = num_tokens
         if self.enable_prefix_caching:
             self._publish(seq, num_tokens // self._block_size)
 

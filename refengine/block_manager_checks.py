@@ -7,7 +7,8 @@ Invariants :func:`check_invariants` verifies, each named in the AssertionError i
 * ``free list``: a block is in a free queue iff its ref count is 0; the cached queue holds exactly the
   free published blocks, the uncached queue the free unpublished ones;
 * ``accounting``: free + cached + used == num_blocks (no block lost or counted twice);
-* ``tables``: every sequence has >= 1 token, ceil(tokens / block_size) blocks, no block twice;
+* ``tables``: every sequence has >= 1 token, ceil(tokens / block_size) blocks, no block twice, and
+  publishes no block before its tokens are computed;
 * ``cache map``: every entry maps its hash to a block carrying that hash, the hash is reproduced by the
   block's parent hash and tokens, every published block is in the map, content ids are unique;
 * ``cached tokens``: a published block held by a table carries exactly that table's tokens there.
@@ -98,8 +99,11 @@ def _check_tables(bm: BlockManager) -> None:
         ids = [b.block_id for b in seq.blocks]
         if len(set(ids)) != len(ids):
             _fail("tables", f"sequence {seq_id!r} holds a block twice: {ids}")
-        if not 0 <= seq.num_published <= n // bs:
-            _fail("tables", f"sequence {seq_id!r} has {seq.num_published} published of {n // bs} full blocks")
+        if not 0 <= seq.num_computed <= n:
+            _fail("tables", f"sequence {seq_id!r} has {seq.num_computed} computed of {n} tokens")
+        if bm.enable_prefix_caching and not 0 <= seq.num_published <= seq.num_computed // bs:
+            _fail("tables", f"sequence {seq_id!r} has {seq.num_published} blocks published but only "
+                            f"{seq.num_computed} tokens computed")
         for i, b in enumerate(seq.blocks):
             if b.token_ids is not None and b.token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
                 _fail("cached tokens", f"block {b.block_id} of sequence {seq_id!r} caches other tokens")
