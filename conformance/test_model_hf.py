@@ -59,17 +59,25 @@ HF_CASES = {
     "llama-tied-bias": (
         "LlamaConfig",
         dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True, attention_bias=True,
-             rope_theta=500.0),
+             rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
         {},
     ),
 }
+#: rotary scalings, head_dim 16: with original_max_position_embeddings=16 the llama3 bands (wavelength
+#: < 4, 4..16, > 16 positions) each hold some of the 8 frequencies
+ROPE_CASES = {
+    "llama-rope-llama3": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), {}),
+    "llama-rope-linear": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 3.0}), {}),
+}
+HF_CASES.update(ROPE_CASES)
+MAIN_CASES = ["llama-gqa2", "qwen2-bias-gqa4", "llama-tied-bias"]
 
 
 def build_hf_model(case: str, seed: int = 0):
     config_cls, extra, _ = HF_CASES[case]
-    if "rope_theta" in extra:
-        extra = dict(extra)
-        extra["rope_parameters"] = {"rope_type": "default", "rope_theta": extra.pop("rope_theta")}
     config = getattr(transformers, config_cls)(
         vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         max_position_embeddings=128, bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra,
@@ -188,18 +196,29 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> Non
 
 
 # --- the tests -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hf_checkpoint", list(HF_CASES), indirect=True)
-@pytest.mark.parametrize("block_size", [5, 16])
-def test_fp32_logits_and_greedy_tokens_equal_hf(hf_checkpoint, block_size):
-    hf_model, folder = hf_checkpoint
+def check_fp32_equal_hf(hf_model, folder, block_size: int, prompts) -> None:
     loaded = load_model(folder, attention_backend="torch")
     assert loaded.model.dtype == torch.float32
-    prompts = make_prompts(hf_model.config.vocab_size)
     tokens, logits = run_greedy(loaded, prompts, block_size=block_size, steps=NUM_DECODE_STEPS)
     for i, prompt in enumerate(prompts):
         fed = prompt + tokens[i][:-1]  # what the driver fed: the prompt, then each generated token
         assert_logits_close(logits[i], hf_logits(hf_model, fed), f"prompt {i} (len {len(prompt)})")
         assert tokens[i] == hf_greedy(hf_model, prompt, NUM_DECODE_STEPS + 1), f"prompt {i} greedy tokens"
+
+
+@pytest.mark.parametrize("hf_checkpoint", MAIN_CASES, indirect=True)
+@pytest.mark.parametrize("block_size", [5, 16])
+def test_fp32_logits_and_greedy_tokens_equal_hf(hf_checkpoint, block_size):
+    hf_model, folder = hf_checkpoint
+    check_fp32_equal_hf(hf_model, folder, block_size, make_prompts(hf_model.config.vocab_size))
+
+
+@pytest.mark.parametrize("hf_checkpoint", list(ROPE_CASES), indirect=True)
+def test_rope_scaling_equal_hf(hf_checkpoint):
+    """Scaled rotary embeddings (Llama 3.1's llama3 bands, linear interpolation) out to position 40."""
+    hf_model, folder = hf_checkpoint
+    assert load_model(folder).config.rope_scaling is not None
+    check_fp32_equal_hf(hf_model, folder, 5, make_prompts(hf_model.config.vocab_size, lens=(2, 9, 36)))
 
 
 @pytest.mark.parametrize("hf_checkpoint", ["llama-gqa2"], indirect=True)

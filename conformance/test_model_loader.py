@@ -106,13 +106,15 @@ def test_unknown_architecture_is_refused(llama_folder):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "'llama3'"),
-    (lambda c: c.update(rope_scaling={"type": "linear", "factor": 2.0}), "'linear'"),
+    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 5e5}), "'yarn'"),
+    (lambda c: c.update(rope_scaling={"type": "dynamic", "factor": 2.0}), "'dynamic'"),
+    (lambda c: c.update(rope_parameters={"rope_type": "linear", "factor": 2.0, "beta": 1}), r"\['beta'\]"),
     (lambda c: c.update(hidden_act="gelu"), "'gelu'"),
     (lambda c: c.update(mlp_bias=True), "mlp_bias"),
     (lambda c: c.update(use_sliding_window=True), "sliding-window"),
     (lambda c: c.update(layer_types=["sliding_attention"]), "sliding_attention"),
-], ids=["rope-llama3", "rope-linear-v4", "gelu", "mlp-bias", "sliding-window", "layer-types"])
+], ids=["rope-yarn", "rope-dynamic-v4", "rope-linear-unknown-key", "gelu", "mlp-bias", "sliding-window",
+        "layer-types"])
 def test_features_we_do_not_implement_are_refused_not_ignored(llama_folder, edit, match):
     edit_config(llama_folder, edit)
     with pytest.raises(UnsupportedModelError, match=match):

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from refengine.attention_backend import AttentionBackend, AttentionMetadata
 from refengine.errors import InvalidArgumentError
-from refengine.model_config import ModelConfig
+from refengine.model_config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -39,22 +39,42 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding with ``rope_theta``, Hugging Face's ``rotate_half`` layout.
+def rope_inv_freq(head_dim: int, rope_theta: float, scaling: RopeScaling | None,
+                  device: torch.device | None = None) -> torch.Tensor:
+    """float32 [head_dim / 2]: theta^(-2i/D), rescaled as ``scaling`` says (see :class:`RopeScaling`)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    inv_freq = 1.0 / (rope_theta**exponents)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # llama3: long wavelengths slowed by `factor`, short ones kept, the band between interpolated
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, smoothed, scaled)
 
-    The frequency ``i`` rotates the pair (x[i], x[i + D/2]) by ``position * theta^(-2i/D)``.
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding with ``rope_theta`` (and optional scaling), HF's ``rotate_half`` layout.
+
+    The frequency ``i`` rotates the pair (x[i], x[i + D/2]) by ``position * inv_freq[i]``.
     """
 
-    def __init__(self, head_dim: int, rope_theta: float) -> None:
+    def __init__(self, head_dim: int, rope_theta: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         # Not a buffer: model.to(bfloat16) must not round the frequencies (they are recomputed per step).
-        self.head_dim = head_dim
-        self.rope_theta = rope_theta
+        self.head_dim, self.rope_theta, self.scaling = head_dim, rope_theta, scaling
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64 [T] -> cos, sin [T, 1, D] in ``dtype`` (computed in float32)."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=positions.device)
-        inv_freq = 1.0 / (self.rope_theta ** (exponents / self.head_dim))
+        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta, self.scaling, positions.device)
         freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -137,7 +157,7 @@ class LlamaModel(nn.Module):
             DecoderLayer(config, attention_backend) for _ in range(config.num_hidden_layers)
         )
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

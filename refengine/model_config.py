@@ -9,9 +9,11 @@ architecture        attention projections                    Hugging Face class
 ``qwen2``           q/k/v biases on, o_proj without           ``Qwen2ForCausalLM``
 ==================  =======================================  =====================
 
-What the model does not implement is refused by :meth:`ModelConfig.from_hf_dict` with
-:class:`UnsupportedModelError` (another architecture, a rotary scaling such as ``llama3`` or ``yarn``,
-sliding-window layers, an activation other than SiLU, MLP biases), never silently ignored.
+Rotary embeddings: plain (``rope_theta``), or scaled as :class:`RopeScaling` says (``linear``:
+position interpolation; ``llama3``: Llama 3.1's frequency-band rescaling). What the model does not
+implement is refused by :meth:`ModelConfig.from_hf_dict` with :class:`UnsupportedModelError` (another
+architecture, rope types such as ``yarn`` or ``dynamic``, sliding-window layers, an activation other
+than SiLU, MLP biases), never silently ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +44,42 @@ HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 class UnsupportedModelError(InvalidArgumentError):
     """A checkpoint asks for something the model does not implement (architecture, rope scaling...)."""
+
+
+ROPE_SCALING_TYPES = ("linear", "llama3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Rescaled rotary frequencies (Hugging Face's ``rope_parameters`` / ``rope_scaling``).
+
+    ``linear``: every inverse frequency divided by ``factor``. ``llama3``: wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, shorter than
+    ``original_max_position_embeddings / high_freq_factor`` kept, the band between interpolated smoothly.
+    """
+
+    rope_type: str  # "linear" or "llama3"
+    factor: float
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_SCALING_TYPES:
+            raise UnsupportedModelError(
+                f"rotary scaling {self.rope_type!r} is not implemented "
+                f"(supported: plain rope, {', '.join(map(repr, ROPE_SCALING_TYPES))})"
+            )
+        if not self.factor > 0:
+            raise InvalidArgumentError(f"rope scaling factor must be > 0; got {self.factor}")
+        if self.rope_type == "llama3" and not (
+            0 < self.low_freq_factor < self.high_freq_factor and self.original_max_position_embeddings > 0
+        ):
+            raise InvalidArgumentError(
+                "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and "
+                f"original_max_position_embeddings > 0; got {self.low_freq_factor}, {self.high_freq_factor}, "
+                f"{self.original_max_position_embeddings}"
+            )
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -77,6 +115,7 @@ class ModelConfig:
     head_dim: int | None = None  # None -> hidden_size // num_attention_heads
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # None: plain rotary embeddings (a dict is converted)
     max_position_embeddings: int = 2048  # longest sequence (prompt + output) the model accepts
     tie_word_embeddings: bool = False  # lm_head shares embed_tokens' weight
     attention_bias: bool = False  # q/k/v projections have biases (Qwen2; Llama's attention_bias)
@@ -91,6 +130,8 @@ class ModelConfig:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None and _positive_int(self.num_attention_heads):
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if isinstance(self.rope_scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.torch_dtype, torch.dtype | str):
@@ -219,19 +260,36 @@ def _hf_architecture(d: Mapping[str, Any]) -> str:
     )
 
 
-def _hf_rope_theta(d: Mapping[str, Any]) -> float:
-    """rope_theta from transformers 5's ``rope_parameters`` or 4's ``rope_theta`` + ``rope_scaling``."""
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or {}
-    for source in (params, scaling):
-        rope_type = source.get("rope_type", source.get("type", "default"))
-        if rope_type != "default":
-            raise UnsupportedModelError(
-                f"rotary scaling {rope_type!r} is not implemented (supported: plain rope, 'default')"
-            )
-        if source.get("partial_rotary_factor", 1.0) != 1.0:
-            raise UnsupportedModelError("partial_rotary_factor != 1 is not implemented")
-    return float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
+def _hf_rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from ``rope_parameters`` (transformers 5) and/or ``rope_scaling`` (4)."""
+    parsed = [_parse_rope(d[key], d) for key in ("rope_parameters", "rope_scaling") if d.get(key)]
+    if not parsed:
+        return float(d.get("rope_theta", 10000.0)), None
+    scaled = {p[1] for p in parsed if p[1] is not None}
+    if len(scaled) > 1:
+        raise UnsupportedModelError(f"rope_parameters and rope_scaling disagree: {sorted(map(str, scaled))}")
+    return parsed[0][0], scaled.pop() if scaled else None
+
+
+def _parse_rope(source: Mapping[str, Any], d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    params = dict(source)
+    theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if params.pop("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial_rotary_factor != 1 is not implemented")
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise UnsupportedModelError(
+            f"rotary scaling {rope_type!r} is not implemented "
+            f"(supported: plain rope, {', '.join(map(repr, ROPE_SCALING_TYPES))})"
+        )
+    keys = {"factor"} if rope_type == "linear" else {
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    unknown = sorted(set(params) - keys)
+    if unknown:
+        raise UnsupportedModelError(f"{rope_type} rope scaling keys {unknown} are not implemented")
+    return theta, RopeScaling(rope_type=rope_type, **params)
 
 
 def _hf_check_features(d: Mapping[str, Any]) -> None:
@@ -257,13 +315,15 @@ def _translate_hf_config(d: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise InvalidArgumentError(f"config.json is missing required keys {missing}")
     llama_bias = bool(d.get("attention_bias", False))
+    rope_theta, rope_scaling = _hf_rope(d)
     dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
     return {
         **{k: d[k] for k in _HF_REQUIRED},
         "num_key_value_heads": d.get("num_key_value_heads"),
         "head_dim": d.get("head_dim"),
         "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
-        "rope_theta": _hf_rope_theta(d),
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
         "max_position_embeddings": d.get("max_position_embeddings", _HF_DEFAULT_MAX_POSITIONS[arch]),
         "tie_word_embeddings": bool(d.get("tie_word_embeddings", False)),
         "attention_bias": True if arch == "qwen2" else llama_bias,
