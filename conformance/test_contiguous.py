@@ -87,6 +87,7 @@ def test_pow2_policy_rounds_in_the_buddy():
     m = ContiguousBlockManager(16, 4, max_seq_len=64, policy="pow2")
     m.allocate("a", [1, 2, 3], output_len=5)  # 3 + 8 = 11 tokens -> 3 blocks -> buddy block of 4
     assert m.reserved_tokens("a") == 11 and m.held_blocks("a") == 4
+    assert m.footprint_blocks(3, output_len=5) == 4 and m.footprint_blocks(3, output_len=1) == 1
     assert [m.ref_count(b) for b in range(4)] == [1, 1, 1, 0]  # the rounded-up block is held, not used
     met = m.metrics()
     assert (met.num_used_blocks, met.reserved_slots, met.rounding_waste_slots) == (4, 12, 4)

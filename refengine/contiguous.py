@@ -144,6 +144,12 @@ class ContiguousBlockManager:
         r = self._reserve_tokens(_count("num_tokens", num_tokens, 1), output_len, reserve_tokens)
         return self._arena.can_allocate(math.ceil(r / self.block_size))
 
+    def footprint_blocks(self, num_tokens: int, *, output_len: int | None = None,
+                         reserve_tokens: int | None = None) -> int:
+        """Blocks the arena would take for such a prompt's reservation, the buddy's rounding included."""
+        r = self._reserve_tokens(_count("num_tokens", num_tokens, 1), output_len, reserve_tokens)
+        return self._arena.footprint(math.ceil(r / self.block_size))
+
     def allocate(self, seq_id: Hashable, token_ids: Sequence[int], *, cache_salt: str | None = None,
                  reserve_tokens: int | None = None, output_len: int | None = None,
                  publish: bool = True) -> int:
