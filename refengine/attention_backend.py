@@ -90,16 +90,13 @@ class AttentionMetadata:
                 f"slot_mapping has {len(slot_mapping)} entries; expected sum(query_lens) = {sum(query_lens)}"
             )
         max_blocks = max(1, max(len(t) for t in block_tables))
-        table = torch.full((num_seqs, max_blocks), PAD_BLOCK_ID, dtype=torch.int32)
-        for s, row in enumerate(block_tables):
-            if row:
-                table[s, : len(row)] = torch.tensor(list(row), dtype=torch.int32)
+        rows = [list(row) + [PAD_BLOCK_ID] * (max_blocks - len(row)) for row in block_tables]
         cu = [0]
         for q_len in query_lens:
             cu.append(cu[-1] + q_len)
         return cls(
             slot_mapping=torch.tensor(list(slot_mapping), dtype=torch.int64, device=device),
-            block_tables=table.to(device),
+            block_tables=torch.tensor(rows, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
             query_lens=query_lens,
