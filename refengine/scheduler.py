@@ -167,9 +167,10 @@ class Scheduler:
 
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
         bm = self.block_manager
+        seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + seq.seats > self.max_num_seqs or not bm.can_allocate(seq.num_tokens):
+            if seats + seq.seats > self.max_num_seqs or not bm.can_allocate(seq.num_tokens):
                 break
             try:
                 if self.prefix_caching:
@@ -179,6 +180,7 @@ class Scheduler:
             except OutOfBlocksError:
                 break
             self.waiting.pop(0)
+            seats += seq.seats
             seq.status = SequenceStatus.RUNNING
             seq.num_table_tokens = seq.num_admitted_tokens = seq.num_tokens
             seq.num_computed_tokens = cached
