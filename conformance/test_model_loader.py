@@ -182,6 +182,40 @@ def test_hf_config_v4_and_v5_keys_read_the_same():
     assert (v4.rope_theta, v4.torch_dtype, v4.head_dim, v4.eos_token_ids) == (500000.0, "bfloat16", 8, (1, 2))
 
 
+# the config.json keys of two real checkpoints (transformers 4.x style), values as published
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+QWEN_2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_real_checkpoint_configs_are_read():
+    llama = ModelConfig.from_hf_dict(LLAMA_3_2_1B)
+    assert (llama.head_dim, llama.num_queries_per_kv, llama.tie_word_embeddings) == (64, 4, True)
+    assert llama.rope_scaling.rope_type == "llama3" and llama.rope_scaling.factor == 32.0
+    assert llama.rope_theta == 500000.0 and llama.eos_token_ids == (128001, 128008, 128009)
+    qwen = ModelConfig.from_hf_dict(QWEN_2_5_0_5B)
+    assert (qwen.head_dim, qwen.attention_bias, qwen.o_proj_bias) == (64, True, False)
+    assert qwen.rope_scaling is None
+    assert qwen.torch_dtype == "bfloat16" and qwen.rope_theta == 1e6
+
+
 def test_qwen2_config_turns_on_qkv_biases_only():
     cfg = ModelConfig.from_hf_dict(dict(architectures=["Qwen2ForCausalLM"], vocab_size=64, hidden_size=32,
                                         intermediate_size=48, num_hidden_layers=1, num_attention_heads=4))

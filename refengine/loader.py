@@ -65,7 +65,7 @@ def load_model(
         model = _build(config, dtype, device, backend)
         init_random_weights(model, seed)
         return LoadedModel(model, model.config, None, f"random(seed={seed})")
-    folder = Path(source)
+    folder = Path(source).expanduser()
     if not folder.exists():
         raise FileNotFoundError(
             f"model folder {str(folder)!r} does not exist (only local Hugging Face folders are loaded)"
