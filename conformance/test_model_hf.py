@@ -24,9 +24,9 @@ from refengine.block_pool import BlockPool  # noqa: E402
 
 #: logits bound for float32: |ours - HF| <= ATOL + RTOL * |HF| (both sides compute in float32)
 FP32_ATOL, FP32_RTOL = 1e-4, 1e-4
-#: bfloat16: our max error against float32 logits (of the same bf16 weights) may be at most this multiple
-#: of HF's own bfloat16 model's error against them (measured here: ratios 0.8-1.3)
-BF16_ERROR_RATIO = 2.0
+#: bfloat16 / float16: our max error against float32 logits (of the same rounded weights) may be at most this
+#: multiple of HF's own half-precision model's error against them (measured here: ratios 0.8-1.3)
+HALF_ERROR_RATIO = 2.0
 
 PROMPT_LENS = (1, 4, 5, 6, 13)  # N-1 / N / N+1 around block_size 5, a single token, several blocks
 NUM_DECODE_STEPS = 4
@@ -243,23 +243,24 @@ def test_chunked_steps_mixing_prefill_and_decode_equal_hf(hf_checkpoint):
 
 
 @pytest.mark.parametrize("hf_checkpoint", ["llama-gqa2", "qwen2-bias-gqa4"], indirect=True)
-def test_bf16_logits_within_bf16_bound(hf_checkpoint, tmp_path):
-    """bfloat16: ours is no further from HF's float32 logits than twice HF's own bfloat16 model is."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_logits_within_the_dtypes_bound(hf_checkpoint, dtype, tmp_path):
+    """bf16 / fp16: ours is no further from float32 logits than twice HF's own half-precision model is."""
     hf_model, folder = hf_checkpoint
-    hf_bf16 = type(hf_model).from_pretrained(folder, dtype=torch.bfloat16).eval()
-    hf_bf16.save_pretrained(tmp_path)
-    loaded = load_model(tmp_path, attention_backend="torch")  # dtype=None: the checkpoint's (bf16)
-    assert loaded.model.dtype == torch.bfloat16 and loaded.config.torch_dtype == "bfloat16"
+    hf_half = type(hf_model).from_pretrained(folder, dtype=dtype).eval()
+    hf_half.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, attention_backend="torch")  # dtype=None: the checkpoint's
+    assert loaded.model.dtype == dtype and loaded.config.dtype == dtype
     prompts = make_prompts(hf_model.config.vocab_size)
     _, logits = run_greedy(loaded, prompts, block_size=5, steps=2)
-    ref32 = type(hf_model).from_pretrained(tmp_path, dtype=torch.float32).eval()  # bf16 weights, fp32 math
+    ref32 = type(hf_model).from_pretrained(tmp_path, dtype=torch.float32).eval()  # rounded weights, fp32 math
     for i, prompt in enumerate(prompts):
         fed = prompt + logits[i][len(prompt) - 1:-1].argmax(-1).tolist()
         truth = hf_logits(ref32, fed)
         ours_err = (logits[i] - truth).abs().max().item()
-        hf_err = (hf_logits(hf_bf16, fed) - truth).abs().max().item()
-        assert math.isfinite(ours_err) and ours_err <= BF16_ERROR_RATIO * hf_err, (
-            f"prompt {i}: bf16 max error {ours_err:.3e} > {BF16_ERROR_RATIO} x HF bf16's {hf_err:.3e}"
+        hf_err = (hf_logits(hf_half, fed) - truth).abs().max().item()
+        assert math.isfinite(ours_err) and ours_err <= HALF_ERROR_RATIO * hf_err, (
+            f"prompt {i}: {dtype} max error {ours_err:.3e} > {HALF_ERROR_RATIO} x HF's {hf_err:.3e}"
         )
 
 
