@@ -24,6 +24,7 @@ from conformance.cases import (
     edge_lengths,
     vary,
 )
+from conformance.harness import run_and_check
 
 CONTROL = AttentionCase("decode", block_size=16, seq_lens=(97, 16, 1, 33))
 
@@ -47,23 +48,6 @@ def _full_grid() -> list[AttentionCase]:
                              num_kv_heads=k, head_dim=d, dtype=dt)
         cases += [base, vary(base, query="peaky", sliding_window=2 * b + 1)]
     return cases
-
-
-def run_and_check(impl, case: AttentionCase, *, x: builders.PagedInputs | None = None,
-                  ref: oracle.OracleResult | None = None, return_lse: bool = False,
-                  **overrides) -> torch.Tensor:
-    """Run ``case`` (inputs ``x``, built from the case when not given) with a NaN-filled ``out=`` and
-    check it against the oracle (``ref``, computed when not given); returns ``out``."""
-    if case.torch_dtype not in impl.dtypes:
-        pytest.skip(f"not supported: {impl.name} does not claim {case.dtype}")
-    x = builders.build(case, impl.device) if x is None else x
-    out = builders.nan_out(x.q.shape[0], x.q)
-    result = builders.call(impl, case, x, out=out, return_lse=return_lse, **overrides)
-    ref = builders.expected(case, x) if ref is None else ref
-    got = checks.check_attention(result, ref, case.torch_dtype, case.tolerance, context=case.id,
-                                 return_lse=return_lse)
-    checks.check_case_tensor(out, ref.out, case, what="out_buffer")  # the caller's buffer got every element
-    return got
 
 
 @pytest.mark.parametrize("case", _axes(), ids=case_ids(_axes()))

@@ -1,0 +1,93 @@
+"""A cache past 2^31 elements: every offset must be computed in 64 bits (vLLM #1486, #50427,
+flash-attention #772 silently corrupted output when int32 offsets wrapped).
+
+The caches are ``torch.empty`` (untouched pages cost no RAM); only the few blocks a test uses are
+written, near the end of the cache (element offsets above 2^31) and at block 0. Each test records its
+peak RSS growth (``rss_growth_mib``) so the cost of an implementation that copies the cache shows.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+import torch
+
+from conformance import checks, oracle
+from conformance.cases import TOLERANCES
+
+BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM = 16, 1, 64
+ELEMENTS_PER_BLOCK = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
+NUM_BLOCKS = 2**31 // ELEMENTS_PER_BLOCK + 8  # 2^31 + 8192 elements per cache (4 GiB in float16)
+DTYPE = torch.float16
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.fixture(scope="module")
+def huge_caches():
+    """K and V caches of NUM_BLOCKS blocks, uninitialised (shared by the tests of this module)."""
+    shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    try:
+        return torch.empty(shape, dtype=DTYPE), torch.empty(shape, dtype=DTYPE)
+    except RuntimeError as e:  # pragma: no cover - a machine without the address space
+        pytest.skip(f"cannot reserve two {NUM_BLOCKS * ELEMENTS_PER_BLOCK * 2 / 2**30:.1f} GiB caches: {e}")
+
+
+def _to(impl, t: torch.Tensor) -> torch.Tensor:
+    return t if impl.device.type == "cpu" else t.to(impl.device)
+
+
+def test_write_kv_past_2_31_elements(impl, huge_caches):
+    """Slots whose element offset is above 2^31 (and slot 0) get exactly their tokens; the blocks
+    around them are unchanged."""
+    if impl.device.type != "cpu":
+        pytest.skip("the huge-cache tests share host caches; run on the CPU backend")
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(31)
+    last = NUM_BLOCKS - 1
+    touched = [0, 1, last - 2, last - 1, last]
+    for b in touched:  # known contents for the blocks we look at
+        k_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+        v_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+    before_k = {b: k_cache[b].clone() for b in touched}
+    before_v = {b: v_cache[b].clone() for b in touched}
+    slots = [last * BLOCK_SIZE + 3, (last - 1) * BLOCK_SIZE, 5, last * BLOCK_SIZE + BLOCK_SIZE - 1]
+    assert slots[0] * NUM_KV_HEADS * HEAD_DIM > 2**31  # the point of the test
+    k = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+    v = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+    rss = _peak_rss_mib()
+    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
+    checks.record("rss_growth_mib", _peak_rss_mib() - rss)
+    for t, s in enumerate(slots):
+        before_k[s // BLOCK_SIZE][s % BLOCK_SIZE] = k[t]
+        before_v[s // BLOCK_SIZE][s % BLOCK_SIZE] = v[t]
+    for b in touched:
+        checks.assert_bitwise_equal(k_cache[b], before_k[b], what=f"k_cache[{b}]", context="write_kv/huge")
+        checks.assert_bitwise_equal(v_cache[b], before_v[b], what=f"v_cache[{b}]", context="write_kv/huge")
+
+
+def test_decode_reads_blocks_past_2_31_elements(impl, huge_caches):
+    """A sequence whose blocks sit at the end of a huge cache (and at block 0) matches the oracle."""
+    if impl.device.type != "cpu":
+        pytest.skip("the huge-cache tests share host caches; run on the CPU backend")
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(32)
+    last = NUM_BLOCKS - 1
+    table = [last, 0, last - 2, last - 1]
+    for b in table:
+        k_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+        v_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+    seq_len = 3 * BLOCK_SIZE + 5
+    q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)  # peaky: every key matters
+    tables = torch.tensor([table], dtype=torch.int32)
+    lens = torch.tensor([seq_len], dtype=torch.int32)
+    ref = oracle.decode(q, k_cache, v_cache, tables, lens)
+    rss = _peak_rss_mib()
+    out = impl.paged_decode(q, k_cache, v_cache, tables, lens, out=torch.full_like(q, float("nan")))
+    checks.record("rss_growth_mib", _peak_rss_mib() - rss)
+    tol = TOLERANCES[DTYPE]
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
+                        context="decode/huge")
