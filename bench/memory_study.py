@@ -1,0 +1,167 @@
+"""The memory-waste study (issue 3 §6): where KV memory goes under Orca's reservations and paging.
+
+``python -m bench --only memory_study`` (or ``main([])``) runs the default config
+(``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
+(Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
+(:mod:`bench.memory_sim`) under one KV budget at the main step time and at each step time of the
+sweep; the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
+``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside ours) and
+``results/memory_*.png``, and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from bench import environment as env_mod
+from bench import workloads
+from bench.memory_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
+
+CONFIG = Path(__file__).resolve().parent / "configs" / "memory.yaml"
+MIN_MEASURED_STEPS = 200  # a run measured over fewer steps is marked invalid
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str
+    dataset: str | None = None  # a synthetic dataset (bench.workloads.DATASETS) ...
+    num_requests: int = 0
+    rate: float | None = None  # requests/s (Poisson), None: all at once
+    trace: str | None = None  # ... or a JSONL trace, relative to the repository root
+
+
+@dataclass(frozen=True, slots=True)
+class SharingSpec:
+    dataset: str
+    num_requests: int
+    block_size: int
+    n: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StudyConfig:
+    kv_slots: int
+    max_seq_len: int
+    watermark: float
+    warmup_frac: float
+    seed: int
+    step_s: float
+    step_sweep_s: tuple[float, ...]
+    workloads: tuple[WorkloadSpec, ...]
+    orca_policies: tuple[str, ...]
+    orca_placements: tuple[str, ...]
+    block_sizes: tuple[int, ...]
+    vllm_block_size: int
+    sharing: SharingSpec
+
+    def sim(self, step_s: float) -> SimConfig:
+        return SimConfig(self.kv_slots, self.max_seq_len, step_s, self.watermark, self.warmup_frac)
+
+
+def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig:
+    raw = yaml.safe_load(Path(path).read_text())
+    overrides = raw.pop("full", {}) or {}
+    if full:
+        raw.update(overrides)
+    known = {f.name for f in dataclasses.fields(StudyConfig)}
+    if set(raw) - known:
+        raise ValueError(f"{path}: unknown keys {sorted(set(raw) - known)}")
+    raw["workloads"] = tuple(WorkloadSpec(**w) for w in raw["workloads"])
+    s = raw["sharing"]
+    raw["sharing"] = SharingSpec(s["dataset"], s["num_requests"], s["block_size"], tuple(s["n"]))
+    for key in ("step_sweep_s", "orca_policies", "orca_placements", "block_sizes"):
+        raw[key] = tuple(raw[key])
+    return StudyConfig(**raw)
+
+
+def load_trace(w: WorkloadSpec, cfg: StudyConfig) -> tuple[workloads.Request, ...]:
+    if w.trace is not None:
+        return workloads.load_jsonl(env_mod.REPO_ROOT / w.trace, rate=w.rate, seed=cfg.seed)
+    return workloads.synthetic(w.dataset, w.num_requests, rate=w.rate, seed=cfg.seed,
+                               max_seq_len=cfg.max_seq_len)
+
+
+def allocators(cfg: StudyConfig, *, main: bool) -> list[AllocatorSpec]:
+    """Orca at every policy (every placement on the main step, buddy on the sweep) and paged sizes."""
+    placements = cfg.orca_placements if main else ("buddy",)
+    orca = [AllocatorSpec("orca", 1, p, pl) for pl in placements for p in cfg.orca_policies]
+    return orca + [AllocatorSpec("paged", b) for b in cfg.block_sizes]
+
+
+def run_record(w: WorkloadSpec, spec: AllocatorSpec, step_s: float, r: SimResult, wall_s: float) -> dict:
+    reasons = []
+    if r.num_measured_steps < MIN_MEASURED_STEPS:
+        reasons.append(f"only {r.num_measured_steps} measured steps (< {MIN_MEASURED_STEPS})")
+    return {
+        "workload": dataclasses.asdict(w),
+        "allocator": {"name": spec.name, "kind": spec.kind, "block_size": spec.block_size,
+                      "policy": spec.policy if spec.kind == "orca" else None,
+                      "placement": spec.placement if spec.kind == "orca" else None},
+        "step_s": step_s,
+        "total_slots": r.total_slots,
+        "shares": dataclasses.asdict(r.shares),
+        "mean_running": r.mean_running,
+        "peak_running": r.peak_running,
+        "num_preemptions": r.num_preemptions,
+        "num_finished": r.num_finished,
+        "mean_normalized_latency_s": r.mean_normalized_latency_s,
+        "num_steps": r.num_steps,
+        "num_measured_steps": r.num_measured_steps,
+        "wall_s": wall_s,
+        "validity": {"valid": not reasons, "reasons": reasons},
+    }
+
+
+def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
+    """Every simulation of the study; returns the JSON document (without the environment)."""
+    jobs = []
+    steps = [cfg.step_s] + [s for s in cfg.step_sweep_s if s != cfg.step_s]
+    for w in cfg.workloads:
+        for step_s in steps:
+            jobs += [(w, spec, step_s) for spec in allocators(cfg, main=step_s == cfg.step_s)]
+    traces = {w.name: load_trace(w, cfg) for w in cfg.workloads}
+    runs = []
+    for w, spec, step_s in tqdm(jobs, desc="memory study", unit="run", disable=not progress):
+        start = time.perf_counter()
+        result = simulate(traces[w.name], spec, cfg.sim(step_s))
+        runs.append(run_record(w, spec, step_s, result, time.perf_counter() - start))
+    sh = cfg.sharing
+    trace = workloads.synthetic(sh.dataset, sh.num_requests, seed=cfg.seed, max_seq_len=cfg.max_seq_len)
+    sharing = [{"dataset": sh.dataset, "num_requests": sh.num_requests, "block_size": sh.block_size, "n": n,
+                "saving": sharing_saving(trace, n, sh.block_size)} for n in sh.n]
+    return {"config": dataclasses.asdict(cfg), "runs": runs, "sharing": sharing}
+
+
+def main(argv: list[str]) -> None:
+    from bench import memory_plots, memory_report
+
+    parser = argparse.ArgumentParser(prog="python -m bench.memory_study", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="the config's `full` sweeps")
+    parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")
+    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, full=args.full)
+    doc = {"environment": env_mod.environment(), **run_study(cfg)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = memory_report.markdown(doc)
+    (out / "memory.md").write_text(text)
+    if not args.no_plots:
+        memory_plots.plot_all(doc, out)
+    print(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
