@@ -47,26 +47,32 @@ def plot_shares(doc: dict, path: Path) -> None:
 
 
 def plot_block_sizes(doc: dict, path: Path) -> None:
-    """Paged: token share and mean running requests against block size, per workload."""
+    """Paged: token share (top) and mean running requests (bottom) against block size, one line per step
+    time, one column per workload."""
     cfg = doc["config"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for w in cfg["workloads"]:
-        pts = [(bs, r) for bs in cfg["block_sizes"]
-               if (r := find_run(doc["runs"], workload=w["name"], step_s=cfg["step_s"], kind="paged",
-                              block_size=bs)) is not None]
-        sizes = [b for b, _ in pts]
-        a1.plot(sizes, [100 * r["shares"]["token_states"] for _, r in pts], "o-", label=w["name"])
-        a2.plot(sizes, [r["mean_running"] for _, r in pts], "o-", label=w["name"])
-    for ax, ylabel in ((a1, "token states (% of KV memory)"), (a2, "mean running requests")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(cfg["block_sizes"], [str(b) for b in cfg["block_sizes"]])
-        ax.minorticks_off()
-        ax.set_xlabel("block size (slots)")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"paged allocator, step {cfg['step_s']} s")
+    steps = sorted({cfg["step_s"], *cfg["step_sweep_s"]})
+    n = len(cfg["workloads"])
+    fig, axes = plt.subplots(2, n, figsize=(4.5 * n, 7), squeeze=False)
+    for col, w in enumerate(cfg["workloads"]):
+        for step in steps:
+            pts = [(bs, r) for bs in cfg["block_sizes"]
+                   if (r := find_run(doc["runs"], workload=w["name"], step_s=step, kind="paged",
+                                     block_size=bs)) is not None]
+            sizes = [b for b, _ in pts]
+            axes[0][col].plot(sizes, [100 * r["shares"]["token_states"] for _, r in pts], "o-",
+                              label=f"step {step:g} s")
+            axes[1][col].plot(sizes, [r["mean_running"] for _, r in pts], "o-", label=f"step {step:g} s")
+        axes[0][col].set_title(f"paged, {w['name']}")
+        for ax, ylabel in ((axes[0][col], "token states (% of KV memory)"),
+                           (axes[1][col], "mean running requests")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(cfg["block_sizes"], [str(b) for b in cfg["block_sizes"]])
+            ax.minorticks_off()
+            ax.set_xlabel("block size (slots)")
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -180,3 +180,22 @@ def test_check_invariants_catches_drift():
 def test_bad_construction(kw, match):
     with pytest.raises(InvalidArgumentError, match=match):
         ContiguousBlockManager(16, 4, **{"max_seq_len": 16, **kw})
+
+
+CONTRACT = ("allocate", "append_token", "fork", "free", "block_table", "num_tokens", "slot",
+            "can_allocate", "can_append", "ref_count", "num_free_blocks", "num_used_blocks",
+            "num_cached_blocks", "num_blocks", "block_size", "check_invariants", "has_sequence", "metrics")
+
+
+def test_speaks_the_block_managers_interface():
+    from refengine import BlockManager
+
+    paged, contiguous = BlockManager(8, 4), ContiguousBlockManager(8, 4, max_seq_len=8)
+    for name in CONTRACT:
+        assert hasattr(paged, name) and hasattr(contiguous, name), name
+    for m in (paged, contiguous):  # the calls the engine's scheduler makes, with the same arguments
+        assert m.can_allocate(3) and m.allocate("s", [1, 2, 3]) == 0
+        assert m.append_token("s", 4) == [] and m.block_table("s") == [m.block_table("s")[0]]
+        assert m.num_tokens("s") == 4 and m.slot("s", 3) == m.block_table("s")[0] * 4 + 3
+        m.free("s")
+        assert not m.has_sequence("s") and m.num_free_blocks == 8
