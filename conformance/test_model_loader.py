@@ -158,6 +158,13 @@ def test_dtype_defaults_to_the_checkpoints_and_can_be_overridden(tmp_path):
         load_model(folder, dtype="int8")
 
 
+def test_generation_config_eos_overrides_the_configs(llama_folder):
+    edit_config(llama_folder, lambda c: c.update(eos_token_id=3))
+    assert load_model(llama_folder).config.eos_token_ids == (3,)
+    (llama_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert load_model(llama_folder).config.eos_token_ids == (5, 7)
+
+
 def test_tokenizer_is_loaded_when_the_folder_has_one(llama_folder):
     tokenizers = pytest.importorskip("tokenizers")
     vocab = {"[UNK]": 0, "hello": 1, "world": 2}

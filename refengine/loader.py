@@ -2,7 +2,8 @@
 
 A Hugging Face folder holds ``config.json`` and its weights in ``*.safetensors`` (one file, or shards
 listed by ``model.safetensors.index.json``); ``tokenizer.json``, when present, is loaded with the
-``tokenizers`` package. Nothing is ever fetched from a hub: a path that does not exist is an error.
+``tokenizers`` package, and ``generation_config.json``'s ``eos_token_id`` (when set) overrides the
+config's. Nothing is ever fetched from a hub: a path that does not exist is an error.
 
 Tensor names map one to one onto the module (``model.embed_tokens.weight``,
 ``model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}``, ``model.layers.N.mlp.{gate,up,down}_proj.weight``,
@@ -75,7 +76,7 @@ def load_model(
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{folder} has no config.json")
-    config = ModelConfig.from_hf_dict(json.loads(config_path.read_text()))
+    config = _with_generation_eos(ModelConfig.from_hf_dict(json.loads(config_path.read_text())), folder)
     state = _read_safetensors(folder)
     model = _build(config, dtype, device, backend)
     _load_state(model, state)
@@ -111,6 +112,16 @@ def _build(config: ModelConfig, dtype, device: torch.device, backend: AttentionB
         model.lm_head.weight = model.model.embed_tokens.weight
     model.requires_grad_(False)
     return model.eval()
+
+
+def _with_generation_eos(config: ModelConfig, folder: Path) -> ModelConfig:
+    """``generation_config.json``'s eos_token_id, when it has one, overrides config.json's (as HF's
+    ``generate`` does: chat checkpoints list their end-of-turn ids there)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return config
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return config if eos is None else config.replace(eos_token_id=eos)
 
 
 def _weight_files(folder: Path) -> list[Path]:
