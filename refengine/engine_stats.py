@@ -16,6 +16,8 @@ class LLMStats:
     num_cached_blocks: int  # free blocks holding reusable prefix-cache K/V
     peak_used_blocks: int  # most blocks held at the end of any step
     mean_kv_utilisation: float  # mean over steps of token states held / slots in the pool
+    mean_used_blocks: float  # mean over steps of blocks the tables hold (a shared block once)
+    mean_table_blocks: float  # mean over steps of block-table entries (a shared block once per table)
     prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (re-admissions included)
     prefix_hit_tokens: int  # of those, tokens served from the cache (not computed)
     num_preemptions: int  # sequences preempted (recompute)
@@ -27,6 +29,12 @@ class LLMStats:
     num_generated_tokens: int  # tokens sampled
     peak_running_seqs: int  # largest running batch
     mean_running_seqs: float  # mean running batch over steps
+
+    @property
+    def sharing_saving(self) -> float:
+        """Share of block-table entries served by a block another table also holds (prefix caching,
+        parallel sampling): ``1 - mean_used_blocks / mean_table_blocks``; 0 without sharing."""
+        return 1.0 - self.mean_used_blocks / self.mean_table_blocks if self.mean_table_blocks else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -44,13 +52,13 @@ class StatsRecorder:
     """Accumulates the per-step figures :class:`LLMStats` reports."""
 
     __slots__ = ("computed", "generated", "kv_util_sum", "peak_used", "prompt", "rejected", "running_sum",
-                 "served", "steps")
+                 "served", "steps", "table_sum", "used_sum")
 
     def __init__(self) -> None:
         self.steps = self.computed = self.generated = self.prompt = self.served = self.rejected = 0
         self.peak_used = 0
         self.kv_util_sum = 0.0
-        self.running_sum = 0
+        self.running_sum = self.used_sum = self.table_sum = 0
 
     def requests(self, served: int, rejected: int) -> None:
         self.served += served
@@ -66,7 +74,12 @@ class StatsRecorder:
         self.generated += num_sampled
         self.running_sum += len(scheduler.running)
         m = block_manager.metrics()
-        self.peak_used = max(self.peak_used, block_manager.num_used_blocks)
+        used = block_manager.num_used_blocks
+        bs = block_manager.block_size
+        self.peak_used = max(self.peak_used, used)
+        table = sum(-(-s.num_table_tokens // bs) for s in scheduler.running)
+        self.table_sum += table
+        self.used_sum += min(used, table)  # a contiguous reservation holds more than its table: no sharing
         self.kv_util_sum += _live_tokens(m) / (block_manager.num_blocks * block_manager.block_size)
 
     def snapshot(self, block_manager, scheduler) -> LLMStats:
@@ -76,7 +89,8 @@ class StatsRecorder:
             num_blocks=block_manager.num_blocks, block_size=block_manager.block_size,
             num_used_blocks=block_manager.num_used_blocks, num_free_blocks=block_manager.num_free_blocks,
             num_cached_blocks=block_manager.num_cached_blocks, peak_used_blocks=self.peak_used,
-            mean_kv_utilisation=self.kv_util_sum / steps,
+            mean_kv_utilisation=self.kv_util_sum / steps, mean_used_blocks=self.used_sum / steps,
+            mean_table_blocks=self.table_sum / steps,
             prefix_query_tokens=getattr(m, "prefix_query_tokens", 0),
             prefix_hit_tokens=getattr(m, "prefix_hit_tokens", 0),
             num_preemptions=scheduler.num_preemptions, num_steps=self.steps, num_requests=self.served,

@@ -1,0 +1,193 @@
+"""The throughput study (issue 5 §4): what paging buys over contiguous allocation, end to end.
+
+Same model, same trace, same KV memory: ``LLM(allocator="paged")`` against ``LLM(allocator="contiguous")``
+(Orca Max: every request reserves ``max_model_len`` slots), serving a ShareGPT-like and an Alpaca-like
+trace (:func:`bench.workloads.synthetic`, every request arriving at once: offline throughput), greedy,
+each request generating exactly its trace output length (``ignore_eos``). Reported per run: generated
+tokens/s, requests/s, peak and mean running batch, preemptions, mean KV utilisation (token states held /
+slots in the pool). A prefix-sharing workload (one system prompt shared by every request) runs the paged
+engine with prefix caching on and off: prefix hit rate, prompt tokens computed, and the memory sharing
+saved (share of block-table entries served by a block another table also holds).
+
+Correctness is checked once, on the measured runs themselves: the runs of one workload must produce
+bit-identical tokens (the engine's invariance), recorded as each record's validity.
+
+On the CPU the torch attention backend and a small random model run a length-scaled trace (see
+bench/configs/throughput.yaml); on a GPU the Triton kernels and a larger model. ``main(argv)`` writes
+results/throughput.json, results/throughput.md and results/throughput.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from bench.environment import RESULTS_DIR, environment
+from bench.throughput_report import write_markdown, write_plot
+from bench.workloads import synthetic
+from kernels import device
+from refengine import LLM, ModelConfig, SamplingParams, load_model
+
+CONFIG = Path(__file__).parent / "configs" / "throughput.yaml"
+MODELS = Path(__file__).parent / "configs" / "models.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    dataset: str  # "sharegpt" or "alpaca" (bench.workloads.DATASETS)
+    length_scale: float  # prompt and output lengths multiplied by this (CPU: shorter than the paper's)
+    num_requests: int
+    system_prompt_len: int = 0  # tokens of a system prompt shared by every request (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    prompts: tuple[tuple[int, ...], ...]
+    output_lens: tuple[int, ...]
+
+    @property
+    def mean_prompt_len(self) -> float:
+        return float(np.mean([len(p) for p in self.prompts]))
+
+    @property
+    def mean_output_len(self) -> float:
+        return float(np.mean(self.output_lens))
+
+
+def make_trace(w: Workload, *, vocab_size: int, max_model_len: int, seed: int) -> Trace:
+    """Token prompts with the workload's scaled lengths; every request fits ``max_model_len``."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, vocab_size, w.system_prompt_len).tolist()
+    prompts, outputs = [], []
+    for r in synthetic(w.dataset, w.num_requests, seed=seed):
+        p = int(np.clip(round(r.prompt_len * w.length_scale), 1, max_model_len - 1 - len(system)))
+        o = int(np.clip(round(r.output_len * w.length_scale), 1, max_model_len - p - len(system)))
+        prompts.append(tuple(system + rng.integers(0, vocab_size, p).tolist()))
+        outputs.append(o)
+    return Trace(tuple(prompts), tuple(outputs))
+
+
+def run_once(loaded, cfg: dict, trace: Trace, *, allocator: str, prefix_caching: bool) -> tuple[dict, list]:
+    """Serve the trace once; returns (figures, output tokens per request)."""
+    bytes_per_slot = 2 * loaded.config.num_hidden_layers * loaded.config.num_key_value_heads \
+        * loaded.config.head_dim * loaded.model.dtype.itemsize
+    llm = LLM(loaded, block_size=cfg["block_size"], kv_cache_memory=cfg["kv_budget_slots"] * bytes_per_slot,
+              allocator=allocator, enable_prefix_caching=prefix_caching, max_num_seqs=cfg["max_num_seqs"],
+              max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"],
+              seed=cfg["seed"])
+    params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in trace.output_lens]
+    start = time.perf_counter()
+    outs = llm.generate([list(p) for p in trace.prompts], params, use_tqdm=True)
+    wall_s = time.perf_counter() - start
+    errors = [o.error for o in outs if o.error is not None]
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests rejected, e.g. {errors[0]}")
+    s = llm.stats
+    figures = {
+        "wall_s": wall_s,
+        "generated_tokens_per_s": s.num_generated_tokens / wall_s,
+        "requests_per_s": len(outs) / wall_s,
+        "peak_running_seqs": s.peak_running_seqs,
+        "mean_running_seqs": s.mean_running_seqs,
+        "num_preemptions": s.num_preemptions,
+        "mean_kv_utilisation": s.mean_kv_utilisation,
+        "prefix_hit_rate": s.prefix_hit_rate,
+        "sharing_saving": s.sharing_saving,
+        "mean_used_blocks": s.mean_used_blocks,
+        "mean_table_blocks": s.mean_table_blocks,
+        "peak_used_blocks": s.peak_used_blocks,
+        "num_blocks": s.num_blocks,
+        "num_steps": s.num_steps,
+        "num_prompt_tokens": s.num_prompt_tokens,
+        "num_computed_tokens": s.num_computed_tokens,
+        "num_generated_tokens": s.num_generated_tokens,
+    }
+    return figures, [o.outputs[0].token_ids for o in outs]
+
+
+def study_workload(loaded, cfg: dict, w: Workload, runs: list[tuple[str, bool]]) -> list[dict]:
+    """Every (allocator, prefix caching) run of one workload, with the cross-run correctness check."""
+    trace = make_trace(w, vocab_size=loaded.config.vocab_size, max_model_len=cfg["max_model_len"],
+                       seed=cfg["seed"])
+    results, tokens = [], []
+    for allocator, caching in runs:
+        figures, toks = run_once(loaded, cfg, trace, allocator=allocator, prefix_caching=caching)
+        results.append((allocator, caching, figures))
+        tokens.append(toks)
+    same = all(t == tokens[0] for t in tokens)
+    records = []
+    for allocator, caching, figures in results:
+        records.append({
+            "workload": {**asdict(w), "mean_prompt_len": trace.mean_prompt_len,
+                         "mean_output_len": trace.mean_output_len},
+            "implementation": {"allocator": allocator, "prefix_caching": caching,
+                               "contiguous_policy": "max" if allocator == "contiguous" else None},
+            "status": "ok",
+            "validity": {"valid": same, "reasons": [] if same else
+                         ["runs of this workload produced different tokens"]},
+            "figures": figures,
+        })
+        f = figures
+        tqdm.write(f"  {w.name:14s} {allocator:10s} prefix_caching={caching!s:5s} "
+                   f"{f['generated_tokens_per_s']:8.1f} tok/s  batch mean {f['mean_running_seqs']:6.1f}"
+                   f"  KV util {f['mean_kv_utilisation']:.1%}  preemptions {f['num_preemptions']}")
+    return records
+
+
+def load_config(full: bool) -> dict:
+    section = "gpu" if device.backend().is_gpu else "cpu"
+    cfg = yaml.safe_load(CONFIG.read_text())[section]
+    cfg["section"] = section
+    key = "num_requests_full" if full else "num_requests"
+    cfg["workloads"] = [Workload(w["name"], w["dataset"], w["length_scale"], w[key])
+                        for w in cfg["workloads"]]
+    p = cfg["prefix_sharing"]
+    cfg["prefix_sharing"] = Workload(p["name"], p["dataset"], p["length_scale"], p[key],
+                                     p["system_prompt_len"])
+    return cfg
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput_study", description=__doc__)
+    parser.add_argument("--full", action="store_true", help="the larger traces (num_requests_full)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.full)
+    if cfg["torch_threads"]:
+        torch.set_num_threads(int(cfg["torch_threads"]))
+    model_cfg = ModelConfig.from_yaml(MODELS, name=cfg["model"])
+    loaded = load_model(model_cfg, dtype=cfg["dtype"], attention_backend=cfg["attention_backend"],
+                        seed=cfg["seed"])
+    print(f"throughput study on the {cfg['section']}: model {cfg['model']!r} (random weights), attention "
+          f"backend {cfg['attention_backend']!r}, KV budget {cfg['kv_budget_slots']} token slots, "
+          f"max_model_len {cfg['max_model_len']}, torch threads {torch.get_num_threads()}")
+    warm = LLM(loaded, block_size=16, num_blocks=64)
+    warm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4))  # warm-up, outside every timed run
+    records = []
+    for w in tqdm(cfg["workloads"], desc="workloads", unit="workload"):
+        records += study_workload(loaded, cfg, w, [("paged", False), ("contiguous", False)])
+    records += study_workload(loaded, cfg, cfg["prefix_sharing"], [("paged", True), ("paged", False)])
+    config = {**cfg, "workloads": [asdict(w) for w in cfg["workloads"]],
+              "prefix_sharing": asdict(cfg["prefix_sharing"]), "model_config": model_cfg.to_dict(),
+              "torch_threads_used": torch.get_num_threads(), "full": args.full}
+    result = {"study": "throughput", "environment": environment(), "config": config, "records": records}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(write_markdown(result, args.out / "throughput.md"))
+    write_plot(result, args.out / "throughput.png")
+    print(f"wrote {args.out / 'throughput.json'}, throughput.md, throughput.png")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
