@@ -34,8 +34,12 @@ NUM_DECODE_STEPS = 4
 
 # --- building Hugging Face checkpoints ---------------------------------------------------------------
 def _spread_weights(model: torch.nn.Module, seed: int) -> None:
-    """Re-draw every weight: embeddings N(0,1), linears N(0, 1/fan_in), biases and norms around 0 / 1."""
+    """Re-draw every weight: embeddings N(0,1), linears N(0, 1/fan_in), biases and norms around 0 / 1.
+
+    Tied embeddings are drawn 10x smaller: with the embedding as the LM head, a residual stream dominated
+    by the input token's own embedding makes greedy decoding repeat that token forever (a weak test)."""
     gen = torch.Generator().manual_seed(seed)
+    embed_std = 0.1 if model.config.tie_word_embeddings else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -43,7 +47,7 @@ def _spread_weights(model: torch.nn.Module, seed: int) -> None:
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
+                p.copy_(embed_std * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
 
