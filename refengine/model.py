@@ -219,10 +219,12 @@ class LlamaModel(nn.Module):
 
 def init_random_weights(model: LlamaModel, seed: int) -> None:
     """Seeded random weights, drawn in float32 on the CPU then copied in (a seed gives the same model on
-    any device and dtype): embeddings N(0, 1), linear weights N(0, 1/fan_in), biases N(0, 0.1^2), norms
+    any device and dtype): embeddings N(0, 1) (N(0, 0.1^2) when tied to the LM head, or the input token's
+    own embedding would dominate its logits), linear weights N(0, 1/fan_in), biases N(0, 0.1^2), norms
     1 + N(0, 0.1^2). The spread keeps logits well separated, so greedy decoding is not decided by rounding.
     """
     gen = torch.Generator().manual_seed(seed)
+    embed_std = 0.1 if model.config.tie_word_embeddings else 1.0
     with torch.no_grad():
         for name, param in model.named_parameters():  # tied weights are listed once
             shape = tuple(param.shape)
@@ -231,7 +233,7 @@ def init_random_weights(model: LlamaModel, seed: int) -> None:
             elif name.endswith("bias"):
                 value = 0.1 * torch.randn(shape, generator=gen)
             elif "embed_tokens" in name:
-                value = torch.randn(shape, generator=gen)
+                value = embed_std * torch.randn(shape, generator=gen)
             else:
                 value = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
             param.copy_(value)
