@@ -129,9 +129,10 @@ def block_size_tables(doc: dict) -> str:
         paper = PAPER["best_block_sizes"].get(w["dataset"] or "", "–")
         head = ["block size", "token %", "reserved %", "internal %", "free %", "mean running", "peak",
                 "preemptions", "norm. latency s/token"]
+        which = "every request" if cfg.get("drain", True) else "the requests finished in the window"
         out.append(f"**{w['name']}** (table at step {cfg['step_s']} s). Best block sizes (mean normalized "
-                   f"latency of the requests finished in the window within {BEST_TOLERANCE:.0%} of the "
-                   f"lowest), ours: {by_step}; paper: {paper}.\n\n"
+                   f"latency of {which} within {BEST_TOLERANCE:.0%} of the lowest), ours: {by_step}; "
+                   f"paper: {paper}.\n\n"
                    + tabulate(rows, head, tablefmt="github") + "\n")
     return "\n".join(out)
 

@@ -24,7 +24,9 @@ running request with ``t`` tokens now, ``f`` tokens when done, holding ``h`` slo
 
 The five add up to the pool's slots on every step; shares are their time averages over the measured
 steps (those inside the window: arrivals from ``warmup_frac`` of the trace's span to the last arrival;
-the whole run when everything arrives at once).
+the whole run when everything arrives at once). With ``drain=True`` the run goes on past the window
+until every request is done, so that the latency covers every request (an overloaded allocator's
+backlog included); without it the run stops at the window's end.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class SimConfig:
     step_s: float = 0.04  # simulated time one step (one token per running request) stands for
     watermark: float = 0.01  # share of a paged pool's blocks kept free at admission
     warmup_frac: float = 0.1  # the first share of the arrival span is not measured
+    drain: bool = True  # run on until every request is done (latency over all of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ class SimResult:
     peak_running: int  # over every step
     num_preemptions: int
     num_finished: int
-    mean_normalized_latency_s: float | None  # (finish - arrival) / output_len over finished requests
+    mean_normalized_latency_s: float | None  # mean of (finish - arrival) / output_len, finished requests
     steps: tuple[StepRecord, ...] = ()
 
 
@@ -274,7 +277,7 @@ class _Run:
             self.latencies.append((finish - r.req.arrival_s) / r.req.output_len)
 
     def step(self) -> bool:
-        """Run one step; False when the run is over (all done, or past the measured window)."""
+        """Run one step; False when the run is over (all done, or past the window without drain)."""
         while self.pending and self.pending[0].arrival_s <= self.t:
             self.waiting.append(_Live(self.pending.popleft()))
         if not self.running and not self.waiting:
@@ -282,7 +285,7 @@ class _Run:
                 return False
             self.t = self.pending[0].arrival_s  # idle: skip to the next arrival
             return True
-        if self.t > self.window[1]:
+        if self.t > self.window[1] and not self.cfg.drain:
             return False
         refused = self._admit()
         if not self.running:

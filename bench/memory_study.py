@@ -61,9 +61,11 @@ class StudyConfig:
     block_sizes: tuple[int, ...]
     vllm_block_size: int
     sharing: SharingSpec
+    drain: bool = True  # run until every request is done (latency over all; shares in the window only)
 
     def sim(self, step_s: float) -> SimConfig:
-        return SimConfig(self.kv_slots, self.max_seq_len, step_s, self.watermark, self.warmup_frac)
+        return SimConfig(self.kv_slots, self.max_seq_len, step_s, self.watermark, self.warmup_frac,
+                         self.drain)
 
 
 def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig:

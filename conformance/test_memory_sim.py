@@ -3,6 +3,7 @@ step, preemption, external fragmentation, buddy rounding, the sharing measure, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -95,10 +96,12 @@ def test_slots_add_up_on_every_step(spec):
     trace = synthetic("sharegpt", 40, rate=8.0, seed=1, max_seq_len=512)
     config = SimConfig(kv_slots=1500, max_seq_len=512, step_s=0.05, warmup_frac=0.3)
     r = simulate(trace, spec, config, record_steps=True)
-    assert r.steps and r.num_steps == len(r.steps)
+    assert r.steps and r.num_steps == len(r.steps) and r.num_finished == len(trace)  # drained
     lo, hi = 0.3 * trace[-1].arrival_s, trace[-1].arrival_s  # the measured window
-    assert all(s.time_s <= hi for s in r.steps), "the run stops at the last arrival"
     measured = [s for s in r.steps if lo <= s.time_s <= hi]
+    cut = simulate(trace, spec, dataclasses.replace(config, drain=False), record_steps=True)
+    assert cut.steps == r.steps[:len(cut.steps)] and all(s.time_s <= hi for s in cut.steps)
+    assert cut.shares == r.shares and cut.num_measured_steps == r.num_measured_steps
     assert r.num_measured_steps == len(measured)
     assert r.mean_running == pytest.approx(sum(s.num_running for s in measured) / len(measured))
     assert r.shares.free == pytest.approx(sum(s.free for s in measured) / len(measured) / r.total_slots)
