@@ -25,7 +25,8 @@ def _allocator_rows(records: list[dict]) -> list[list]:
             w["name"], f"{w['mean_prompt_len']:.1f} / {w['mean_output_len']:.1f}", w["num_requests"],
             impl["allocator"] + (" (max)" if impl["contiguous_policy"] else ""),
             f"{f['generated_tokens_per_s']:.1f}", f"{f['requests_per_s']:.2f}", f["peak_running_seqs"],
-            f"{f['mean_running_seqs']:.1f}", f["num_preemptions"], f"{f['mean_kv_utilisation']:.1%}",
+            f"{f['mean_running_seqs']:.1f} / {f['mean_running_seqs_queued']:.1f}", f["num_preemptions"],
+            f"{f['mean_kv_utilisation']:.1%} / {f['mean_kv_utilisation_queued']:.1%}",
             f["num_steps"], "yes" if r["validity"]["valid"] else "NO",
         ])
     return rows
@@ -43,7 +44,8 @@ def _ratios(records: list[dict]) -> list[str]:
                 f"- {name}: paged / contiguous generated tokens/s = "
                 f"{p['generated_tokens_per_s'] / c['generated_tokens_per_s']:.2f}x, mean batch "
                 f"{p['mean_running_seqs'] / c['mean_running_seqs']:.2f}x, mean KV utilisation "
-                f"{p['mean_kv_utilisation']:.1%} vs {c['mean_kv_utilisation']:.1%}")
+                f"{p['mean_kv_utilisation']:.1%} vs {c['mean_kv_utilisation']:.1%} (queued steps: "
+                f"{p['mean_kv_utilisation_queued']:.1%} vs {c['mean_kv_utilisation_queued']:.1%})")
     return lines
 
 
@@ -84,7 +86,12 @@ def write_markdown(result: dict, path: Path) -> str:
         "## Paged vs contiguous\n",
         tabulate(_allocator_rows(alloc), headers=[
             "workload", "mean prompt / output", "requests", "allocator", "gen tok/s", "req/s", "peak batch",
-            "mean batch", "preemptions", "mean KV util", "steps", "same tokens"], tablefmt="github"),
+            "mean batch (all / queued)", "preemptions", "mean KV util (all / queued)", "steps",
+            "same tokens"],
+            tablefmt="github"),
+        "",
+        "all: mean over every step; queued: over the steps that ended with requests still waiting (the "
+        "KV pool, not the trace's tail, limits the batch there).",
         "",
         *_ratios(alloc),
         "",
@@ -117,8 +124,9 @@ def write_plot(result: dict, path: Path) -> None:
     prefix = [r for r in result["records"] if r["workload"]["system_prompt_len"] > 0]
     names = list(dict.fromkeys(r["workload"]["name"] for r in alloc))
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
-    panels = [("generated_tokens_per_s", "generated tokens/s"), ("mean_running_seqs", "mean running batch"),
-              ("mean_kv_utilisation", "mean KV utilisation")]
+    panels = [("generated_tokens_per_s", "generated tokens/s"),
+              ("mean_running_seqs_queued", "mean running batch (queued steps)"),
+              ("mean_kv_utilisation_queued", "mean KV utilisation (queued steps)")]
     for ax, (key, label) in zip(axes, panels):
         for k, allocator in enumerate(("paged", "contiguous")):
             vals = [next(r["figures"][key] for r in alloc if r["workload"]["name"] == n

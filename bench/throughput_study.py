@@ -100,6 +100,8 @@ def run_once(loaded, cfg: dict, trace: Trace, *, allocator: str, prefix_caching:
         "mean_running_seqs": s.mean_running_seqs,
         "num_preemptions": s.num_preemptions,
         "mean_kv_utilisation": s.mean_kv_utilisation,
+        "mean_running_seqs_queued": s.mean_running_seqs_queued,
+        "mean_kv_utilisation_queued": s.mean_kv_utilisation_queued,
         "prefix_hit_rate": s.prefix_hit_rate,
         "sharing_saving": s.sharing_saving,
         "mean_used_blocks": s.mean_used_blocks,

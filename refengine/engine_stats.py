@@ -29,6 +29,10 @@ class LLMStats:
     num_generated_tokens: int  # tokens sampled
     peak_running_seqs: int  # largest running batch
     mean_running_seqs: float  # mean running batch over steps
+    # the same two means over the steps that ended with requests still waiting (the pool, not the
+    # trace's tail, limits the batch there): the steady state of a loaded server
+    mean_running_seqs_queued: float
+    mean_kv_utilisation_queued: float
 
     @property
     def sharing_saving(self) -> float:
@@ -51,14 +55,17 @@ def _live_tokens(metrics) -> int:
 class StatsRecorder:
     """Accumulates the per-step figures :class:`LLMStats` reports."""
 
-    __slots__ = ("computed", "generated", "kv_util_sum", "peak_used", "prompt", "rejected", "running_sum",
-                 "served", "steps", "table_sum", "used_sum")
+    __slots__ = ("computed", "generated", "kv_util_sum", "peak_used", "prompt", "queued_running_sum",
+                 "queued_steps", "queued_util_sum", "rejected", "running_sum", "served", "steps", "table_sum",
+                 "used_sum")
 
     def __init__(self) -> None:
         self.steps = self.computed = self.generated = self.prompt = self.served = self.rejected = 0
         self.peak_used = 0
         self.kv_util_sum = 0.0
         self.running_sum = self.used_sum = self.table_sum = 0
+        self.queued_steps = self.queued_running_sum = 0
+        self.queued_util_sum = 0.0
 
     def requests(self, served: int, rejected: int) -> None:
         self.served += served
@@ -80,7 +87,12 @@ class StatsRecorder:
         table = sum(-(-s.num_table_tokens // bs) for s in scheduler.running)
         self.table_sum += table
         self.used_sum += min(used, table)  # a contiguous reservation holds more than its table: no sharing
-        self.kv_util_sum += _live_tokens(m) / (block_manager.num_blocks * block_manager.block_size)
+        util = _live_tokens(m) / (block_manager.num_blocks * bs)
+        self.kv_util_sum += util
+        if scheduler.waiting:
+            self.queued_steps += 1
+            self.queued_running_sum += len(scheduler.running)
+            self.queued_util_sum += util
 
     def snapshot(self, block_manager, scheduler) -> LLMStats:
         m = block_manager.metrics()
@@ -97,4 +109,6 @@ class StatsRecorder:
             num_rejected_requests=self.rejected, num_prompt_tokens=self.prompt,
             num_computed_tokens=self.computed, num_generated_tokens=self.generated,
             peak_running_seqs=scheduler.peak_running, mean_running_seqs=self.running_sum / steps,
+            mean_running_seqs_queued=self.queued_running_sum / max(self.queued_steps, 1),
+            mean_kv_utilisation_queued=self.queued_util_sum / max(self.queued_steps, 1),
         )
