@@ -57,3 +57,32 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         return (yield)
     except adapter.NotSupported as e:
         pytest.skip(f"not supported: {e}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    # The errors a test's comparisons measured (conformance.checks.record) go into its report: the
+    # JUnit XML shows them as properties and the gate's JSON summary reads them from there.
+    if call.when == "call":
+        from conformance import checks
+
+        for name, value in sorted(checks.take_recorded(item.nodeid).items()):
+            item.user_properties.append((name, value))
+    return (yield)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # The mutation check's kill table, when test_mutants ran.
+    import sys
+
+    module = sys.modules.get("conformance.test_mutants")
+    rows = getattr(module, "KILL_TABLE", None)
+    if not rows:
+        return
+    from tabulate import tabulate
+
+    killed = sum(r.killed for r in rows)
+    terminalreporter.write_sep("=", f"mutation check: {killed} of {len(rows)} mutants killed")
+    table = [(r.mutant, "killed" if r.killed else "SURVIVED", r.first_failure or "-", f"{r.seconds:.1f}")
+             for r in rows]
+    terminalreporter.write_line(tabulate(table, headers=("mutant", "verdict", "first failing test", "s")))

@@ -2,16 +2,27 @@
 
 * ``triton`` -- ours: the Triton kernels (``kernels``) and ``refengine.BlockManager``.
 * ``torch``  -- the pure-torch references in ``kernels.reference`` (numerics only).
-* ``flex``   -- PyTorch's own paged FlexAttention (written by nobody here).
+* ``flex``   -- PyTorch's own paged FlexAttention (written by nobody here; see ``flex_adapter``).
+* ``mutant-*`` -- deliberately broken implementations for the mutation check (see ``mutants``);
+  ``control`` is their unbroken base.
 """
 
 from __future__ import annotations
 
 from conformance.adapter import Implementation, register
+from conformance.flex_adapter import FlexAttentionImplementation
 
 
 @register("triton")
 class TritonImplementation(Implementation):
+    """Ours: the ``kernels`` launchers on the backend ``kernels.device`` picked (GPU, or the CPU under
+    Triton's interpreter), and ``refengine.BlockManager``."""
+
+    def __init__(self) -> None:
+        from kernels import device
+
+        self.device = device.backend().torch_device
+
     def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
         from refengine import BlockManager
 
@@ -45,6 +56,8 @@ class TritonImplementation(Implementation):
 
 @register("torch")
 class TorchReferenceImplementation(Implementation):
+    """The pure-torch references of ``kernels.reference`` (on the CPU)."""
+
     def paged_decode(self, *args, **kwargs):
         from kernels import reference
 
@@ -71,8 +84,7 @@ class TorchReferenceImplementation(Implementation):
         return reference.copy_blocks(*args, **kwargs)
 
 
-@register("flex")
-class FlexAttentionImplementation(Implementation):
-    """PyTorch's paged FlexAttention (``torch.nn.attention.experimental._paged_attention``)."""
+register("flex")(FlexAttentionImplementation)
 
-    # TODO(numerics helper): adapt paged_decode / paged_prefill; report honestly what fails.
+# The deliberately broken implementations of the mutation check register themselves too.
+from conformance import mutants  # noqa: E402, F401

@@ -1,0 +1,206 @@
+"""Deliberately broken implementations: the suite must fail every one of them (the mutation check).
+
+``control`` is a small, correct pure-torch paged implementation written for this purpose, with each
+step a hook: how many keys a sequence has, which logical positions are read, which physical block a
+logical block maps to, which KV head a query head reads, where a slot's elements start, which tokens
+``write_kv`` stores. Each ``mutant-*`` subclass overrides exactly one hook, so it is wrong in one way
+only; ``mutant-no-cow`` breaks ``refengine.BlockManager``'s copy-on-write hook instead. The control
+must pass the same tests (``test_mutants.py`` checks it), so a kill is the mutation's doing.
+
+Every element access goes through flat element offsets (``slot * elements_per_slot``), as a kernel's
+pointer arithmetic does, so the int32 mutant wraps where a kernel would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from conformance.adapter import Implementation, register
+
+
+@register("control")
+class ControlImplementation(Implementation):
+    """Correct paged attention, cache writes and block accounting, in plain torch (float32 compute)."""
+
+    #: which part of the suite can see this implementation's fault ("numerics" or "block_manager")
+    breaks = "numerics"
+
+    # --- the hooks the mutants override --------------------------------------------------------------
+    def _num_keys(self, seq_len: int) -> int:
+        return seq_len
+
+    def _positions(self, seq_len: int, block_size: int) -> torch.Tensor:
+        return torch.arange(self._num_keys(seq_len))
+
+    def _physical_blocks(self, table_row: torch.Tensor, logical: torch.Tensor, num_used: int) -> torch.Tensor:
+        return table_row[logical].to(torch.int64)
+
+    def _kv_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+        return torch.arange(num_heads) // (num_heads // num_kv_heads)
+
+    def _slot_offsets(self, slots: torch.Tensor, elements_per_slot: int) -> torch.Tensor:
+        return slots.to(torch.int64) * elements_per_slot
+
+    def _written(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots >= 0
+
+    # --- building blocks -----------------------------------------------------------------------------
+    def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
+        per_slot = cache.shape[2] * cache.shape[3]
+        index = self._slot_offsets(slots, per_slot)[:, None] + torch.arange(per_slot)
+        return cache.reshape(-1)[index].reshape(len(slots), cache.shape[2], cache.shape[3])
+
+    def _logical_kv(self, cache: torch.Tensor, table_row: torch.Tensor,
+                    seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys (or values) a sequence attends to, float32 ``[n, H, D]``, and their positions."""
+        bs = cache.shape[1]
+        pos = self._positions(seq_len, bs)
+        blocks = self._physical_blocks(table_row, pos // bs, math.ceil(seq_len / bs))
+        return self._read_slots(cache, blocks * bs + pos % bs).to(torch.float32), pos
+
+    def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window):
+        k, key_pos = self._logical_kv(k_cache, table_row, seq_len)
+        v, _ = self._logical_kv(v_cache, table_row, seq_len)
+        heads = self._kv_heads(q.shape[1], k_cache.shape[2])
+        scores = torch.einsum("qhd,khd->qhk", q.to(torch.float32), k[:, heads]) * scale
+        allowed = key_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            allowed &= key_pos[None, :] > q_pos[:, None] - window
+        scores = scores.masked_fill(~allowed[:, None, :], -math.inf)
+        lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
+        out = torch.einsum("qhk,khd->qhd", probs, v[:, heads])
+        return out, lse
+
+    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        start = 0
+        for s, (n, m) in enumerate(zip(seq_lens.tolist(), q_lens)):
+            if m:
+                o, l = self._attend(q[start : start + m], k_cache, v_cache, block_tables[s], n,
+                                    torch.arange(n - m, n), scale, window)
+                out[start : start + m], lse[start : start + m] = o.to(q.dtype), l
+            start += m
+        return (out, lse) if return_lse else out
+
+    # --- the adapter interface -----------------------------------------------------------------------
+    def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
+                     num_splits=None, out=None, return_lse=False):
+        return self._run(q, k_cache, v_cache, block_tables, seq_lens, [1] * q.shape[0], scale,
+                         sliding_window, out, return_lse)
+
+    def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
+                      sliding_window=None, out=None, return_lse=False):
+        cu = cu_seqlens_q.tolist()
+        q_lens = [b - a for a, b in itertools.pairwise(cu)]
+        return self._run(q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, sliding_window, out,
+                         return_lse)
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+        keep = self._written(slot_mapping)
+        per_slot = k_cache.shape[2] * k_cache.shape[3]
+        index = self._slot_offsets(slot_mapping[keep], per_slot)[:, None] + torch.arange(per_slot)
+        k_cache.view(-1)[index] = k[keep].reshape(-1, per_slot)
+        v_cache.view(-1)[index] = v[keep].reshape(-1, per_slot)
+
+    def copy_blocks(self, k_cache, v_cache, pairs):
+        src, dst = pairs[:, 0].to(torch.int64), pairs[:, 1].to(torch.int64)
+        k_cache[dst], v_cache[dst] = k_cache[src].clone(), v_cache[src].clone()
+
+    def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
+        from refengine import BlockManager
+
+        return BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+
+
+class _Mutant(ControlImplementation):
+    expected_to_pass = False
+
+
+@register("mutant-off-by-one-length")
+class OffByOneLength(_Mutant):
+    """Attends to seq_len - 1 keys: the newest token is never seen."""
+
+    def _num_keys(self, seq_len):
+        return max(seq_len - 1, 0)
+
+
+@register("mutant-drop-partial-block")
+class DropPartialBlock(_Mutant):
+    """Reads only the full blocks of a sequence: the partial last block is dropped."""
+
+    def _positions(self, seq_len, block_size):
+        return torch.arange(seq_len // block_size * block_size)
+
+
+@register("mutant-read-next-block")
+class ReadNextBlock(_Mutant):
+    """Reads the sequence's last block from the table entry after it (past the sequence's length)."""
+
+    def _physical_blocks(self, table_row, logical, num_used):
+        shifted = torch.where(logical == num_used - 1, logical + 1, logical).clamp_max(len(table_row) - 1)
+        return table_row[shifted].to(torch.int64)
+
+
+@register("mutant-gqa-head-mapping")
+class WrongGqaMapping(_Mutant):
+    """Query head h reads KV head h % num_kv_heads instead of h // group (right only for MHA and MQA)."""
+
+    def _kv_heads(self, num_heads, num_kv_heads):
+        return torch.arange(num_heads) % num_kv_heads
+
+
+@register("mutant-swapped-blocks")
+class SwappedBlocks(_Mutant):
+    """Logical blocks 0 and 1 read each other's physical block."""
+
+    def _physical_blocks(self, table_row, logical, num_used):
+        if num_used < 2:
+            return table_row[logical].to(torch.int64)
+        swapped = torch.where(logical == 0, 1, torch.where(logical == 1, 0, logical))
+        return table_row[swapped].to(torch.int64)
+
+
+@register("mutant-write-kv-skips-slot-0")
+class WriteKvSkipsSlotZero(_Mutant):
+    """write_kv treats slot 0 like the padding slot -1 and skips it."""
+
+    def _written(self, slots):
+        return slots > 0
+
+
+@register("mutant-int32-offset")
+class Int32Offset(_Mutant):
+    """Element offsets computed in int32: they wrap past 2^31 elements (vLLM #1486)."""
+
+    def _slot_offsets(self, slots, elements_per_slot):
+        return slots.to(torch.int32) * torch.tensor(elements_per_slot, dtype=torch.int32)
+
+
+@register("mutant-no-cow")
+class NoCopyOnWrite(_Mutant):
+    """A block manager whose copy-on-write hook does nothing: forked siblings write into the block they
+    share (vLLM #1101)."""
+
+    breaks = "block_manager"
+
+    def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
+        from refengine import BlockManager
+
+        class NoCowBlockManager(BlockManager):
+            def _copy_on_write_last_block(self, seq):
+                return None
+
+        return NoCowBlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+
+
+def mutant_names() -> list[str]:
+    from conformance import adapter
+
+    return [n for n in adapter.available() if n.startswith("mutant-")]
