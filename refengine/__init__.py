@@ -19,6 +19,9 @@ _EXPORTS = {
     "CompletionOutput": "refengine.outputs",
     "ModelConfig": "refengine.model_config",
     "load_model": "refengine.loader",
+    "LoadedModel": "refengine.loader",
+    "AttentionMetadata": "refengine.attention_backend",
+    "get_attention_backend": "refengine.attention_backend",
 }
 
 __all__ = sorted(_EXPORTS)
