@@ -42,13 +42,27 @@ def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bo
     return DecodeTiles(block_g, 1 << (block_n.bit_length() - 1), block_d, 4)
 
 
-def prefill_tiles(head_dim: int, max_q_len: int, interpret: bool) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D) of the prefill kernel; every one >= 16 (``tl.dot``)."""
+@dataclass(frozen=True, slots=True)
+class PrefillTiles:
+    block_m: int  # queries per tile
+    block_g: int  # query heads of one KV head (power of two >= group size); rows = block_m * block_g
+    block_n: int  # keys per tile step
+    block_d: int  # head_dim padded to a power of two (>= 16)
+
+
+def prefill_tiles(group_size: int, head_dim: int, max_q_len: int, interpret: bool) -> PrefillTiles:
+    """Tiles of the prefill kernel. GPU (``tl.dot``): rows, block_n, block_d >= 16. Interpreter
+    (broadcast products of rows * block_n * block_d floats, at most 2^20, Triton's limit): the largest,
+    since each program step costs milliseconds of interpretation there."""
+    block_g = triton.next_power_of_2(group_size)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = max(16, min(64, triton.next_power_of_2(max(max_q_len, 1))))
+    rows = 128 if interpret else 64
+    block_m = min(triton.next_power_of_2(max(max_q_len, 1)), max(1, rows // block_g))
     if interpret:
-        return block_m, 128, block_d
-    return (32, 32, block_d) if block_d >= 256 else (block_m, 64, block_d)
+        block_n = max(1, min(256, (1 << 20) // (block_m * block_g * block_d)))
+        return PrefillTiles(block_m, block_g, block_n, block_d)
+    block_m = max(block_m, max(1, 16 // block_g))  # tl.dot needs >= 16 rows
+    return PrefillTiles(block_m, block_g, 32 if block_d >= 256 else 64, block_d)
 
 
 def parallelism() -> int:
@@ -159,14 +173,15 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0
     if max_q_len > 0:
-        block_m, block_n, block_d = prefill_tiles(shape.head_dim, max_q_len,
-                                                  device.backend().triton_interpret)
-        grid = (triton.cdiv(max_q_len, block_m), shape.num_heads, shape.num_seqs)
+        interpret = device.backend().triton_interpret
+        tiles = prefill_tiles(shape.group_size, shape.head_dim, max_q_len, interpret)
+        grid = (triton.cdiv(max_q_len, tiles.block_m), shape.num_kv_heads, shape.num_seqs)
         _prefill_kernel[grid](
             q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, lse,
             scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
             *lse.stride(),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4,
+            USE_DOT=not interpret, BLOCK_M=tiles.block_m, BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n,
+            BLOCK_D=tiles.block_d, num_warps=4,
         )
     return (out, lse) if return_lse else out

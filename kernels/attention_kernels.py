@@ -20,8 +20,9 @@ Safety rules every kernel follows (what the conformance suite poisons with NaN):
 * every offset is int64: program ids, positions and block ids are cast before multiplying strides.
 
 Decode works on all query heads of one KV head at once (GQA group of BLOCK_G rows, scores by broadcast
-multiply + sum, which has no minimum size); prefill uses ``tl.dot`` on float32 tiles (``ieee``
-precision: the interpreter's bfloat16 ``tl.dot`` is not trustworthy and TF32 would miss float32 bounds).
+multiply + sum, which has no minimum size); prefill uses ``tl.dot`` on float32 tiles on a GPU (``ieee``
+precision: TF32 would miss float32 bounds; float32 also sidesteps the interpreter's untrustworthy
+bfloat16 ``tl.dot``) and broadcast multiply + sum under the interpreter, where it is much faster.
 """
 
 import triton
@@ -162,31 +163,38 @@ def _prefill_kernel(
     stride_bt_s, stride_bt_b,
     stride_out_t, stride_out_h, stride_out_d,
     stride_lse_t, stride_lse_h,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    """Program (m_tile, head, s): BLOCK_M queries of sequence s for one query head.
+    """Program (m_tile, kv_head, s): BLOCK_M queries of sequence s x the query heads of kv_head.
 
-    Sequence s owns query rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` (q_len of them); row i sits at
-    position ``p = seq_len - q_len + i`` and attends keys ``j <= p`` with ``j > p - sliding_window``
+    The tile's BLOCK_M * BLOCK_G rows are (query, head-in-group) pairs, ``row = m * BLOCK_G + g``, so
+    each K/V tile is loaded once for the whole GQA group.
+    Sequence s owns query rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` (q_len of them); query i sits
+    at position ``p = seq_len - q_len + i`` and attends keys ``j <= p`` with ``j > p - sliding_window``
     (``sliding_window == 0``: no window). Tiles past q_len visit no key and store nothing.
+    USE_DOT: products by ``tl.dot`` (GPU); else broadcast multiply + sum (the interpreter's ``tl.dot``
+    runs numpy's slow non-BLAS matmul loop, tens of ms a tile).
     """
-    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16)  # tl.dot's minimum
+    BLOCK_R: tl.constexpr = BLOCK_M * BLOCK_G
+    tl.static_assert(not USE_DOT or (BLOCK_R >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16))  # tl.dot's minimum
     m_tile = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
     s = tl.program_id(2).to(tl.int64)
-    kv_head = head // group_size
 
     q_begin = tl.load(cu_seqlens_q_ptr + s)
     q_len = tl.load(cu_seqlens_q_ptr + s + 1) - q_begin
     seq_len = tl.load(seq_lens_ptr + s)
-    rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = rows < q_len
-    q_pos = seq_len - q_len + rows
+    r = tl.arange(0, BLOCK_R)
+    query = m_tile * BLOCK_M + r // BLOCK_G
+    heads = kv_head * group_size + r % BLOCK_G
+    r_mask = (query < q_len) & (r % BLOCK_G < group_size)
+    q_pos = seq_len - q_len + query
     d = tl.arange(0, BLOCK_D)
     d_mask = d < head_dim
-    q_mask = m_mask[:, None] & d_mask[None, :]
-    tokens = (q_begin + rows).to(tl.int64)
-    q = tl.load(q_ptr + tokens[:, None] * stride_q_t + head * stride_q_h + d[None, :] * stride_q_d,
+    q_mask = r_mask[:, None] & d_mask[None, :]
+    tokens = (q_begin + query).to(tl.int64)
+    q = tl.load(q_ptr + tokens[:, None] * stride_q_t + heads[:, None] * stride_q_h + d[None, :] * stride_q_d,
                 mask=q_mask, other=0.0).to(tl.float32)
     q = q * scale
 
@@ -197,9 +205,9 @@ def _prefill_kernel(
     hi = tl.where(m_tile * BLOCK_M < q_len, hi, lo)
     num_tiles = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for t in range(0, num_tiles):
         pos = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = pos < hi
@@ -209,7 +217,10 @@ def _prefill_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + (block * stride_k_b + offset * stride_k_o)[:, None] + kv_head * stride_k_h
                     + d[None, :] * stride_k_d, mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+        if USE_DOT:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_R, BLOCK_N]
+        else:
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         allowed = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         allowed = allowed & ((sliding_window == 0) | (pos[None, :] > q_pos[:, None] - sliding_window))
         scores = tl.where(allowed, scores, float("-inf"))
@@ -221,12 +232,16 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + (block * stride_v_b + offset * stride_v_o)[:, None] + kv_head * stride_v_h
                     + d[None, :] * stride_v_d, mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if USE_DOT:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(out_ptr + tokens[:, None] * stride_out_t + head * stride_out_h + d[None, :] * stride_out_d,
-             out.to(out_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(lse_ptr + tokens * stride_lse_t + head * stride_lse_h, lse, mask=m_mask)
+    tl.store(out_ptr + tokens[:, None] * stride_out_t + heads[:, None] * stride_out_h
+             + d[None, :] * stride_out_d, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(lse_ptr + tokens * stride_lse_t + heads * stride_lse_h, lse, mask=r_mask)
