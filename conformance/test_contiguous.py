@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from refengine import ContiguousBlockManager
 from refengine.contiguous import ForkNotSupportedError, next_power_of_two, reservation
@@ -199,3 +201,44 @@ def test_speaks_the_block_managers_interface():
         assert m.num_tokens("s") == 4 and m.slot("s", 3) == m.block_table("s")[0] * 4 + 3
         m.free("s")
         assert not m.has_sequence("s") and m.num_free_blocks == 8
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["alloc", "append", "free"]), st.integers(1, 12),
+                         st.integers(0, 99)), max_size=50)
+
+
+@given(placement=st.sampled_from(["buddy", "first_fit"]), policy=st.sampled_from(["max", "pow2", "oracle"]),
+       ops=OPS)
+def test_random_operations_keep_reservations_disjoint(placement, policy, ops):
+    m = ContiguousBlockManager(13, 2, max_seq_len=12, policy=policy, placement=placement)
+    live: dict[int, int] = {}  # seq id -> tokens
+    for i, (op, n, pick) in enumerate(ops):
+        if op == "alloc":
+            prompt = min(n, 11)
+            output = 1 + pick % (12 - prompt)  # prompt + output <= max_seq_len
+            kw = {} if policy == "max" else {"output_len": output}
+            fits = m.can_allocate(prompt, **kw)
+            try:
+                m.allocate(i, [0] * prompt, **kw)
+                live[i] = prompt
+            except OutOfBlocksError:
+                assert not fits
+            else:
+                assert fits
+        elif live:
+            seq = sorted(live)[pick % len(live)]
+            if op == "free":
+                m.free(seq)
+                del live[seq]
+            elif m.can_append(seq):
+                m.append_token(seq, 1)
+                live[seq] += 1
+        m.check_invariants()
+        runs = [range(m.block_table(s)[0], m.block_table(s)[0] + -(-m.reserved_tokens(s) // 2)) for s in live]
+        owned = [b for r in runs for b in r]
+        assert len(owned) == len(set(owned)), "two reservations overlap"
+        assert all(m.num_tokens(s) == t for s, t in live.items())
+        assert sum(m.held_blocks(s) for s in live) == m.num_used_blocks
+    for s in list(live):
+        m.free(s)
+    assert m.num_free_blocks == 13 and m.metrics().num_sequences == 0
