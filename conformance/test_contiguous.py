@@ -106,7 +106,7 @@ def test_first_fit_places_exact_runs():
     assert (m.block_table("a"), m.block_table("b"), m.block_table("c")) == ([0, 1], [3], [4, 5, 6])
     m.free("a")
     assert m.num_free_blocks == 6 and not m.can_allocate(1, output_len=15)  # 4 blocks: holes of 3 and 3
-    assert m.can_allocate(1, output_len=11)
+    assert m.can_allocate(1, output_len=11) and not m.can_allocate(1, output_len=12)  # 13 tokens: 4 blocks
     before = snapshot(m)
     with pytest.raises(OutOfBlocksError,
                        match=r"no hole of 4 consecutive blocks .* 6 blocks free, largest hole 3"):
