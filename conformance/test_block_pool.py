@@ -225,3 +225,12 @@ def test_read_sequence_errors():
         pool.read_sequence(0, [0], -1)
     k, v = pool.read_sequence(0, [], 0)
     assert k.shape == (0, HKV, D) and v.shape == (0, HKV, D)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_write_slots_accepts_int32_and_int64_slot_tensors(index_dtype):
+    pool = make(num_blocks=5)
+    k, v = randn(2, pool.dtype, 11), randn(2, pool.dtype, 12)
+    pool.write_slots(1, torch.tensor([19, 0], dtype=index_dtype), k, v)  # the last slot and the first
+    flat = pool.k(1).reshape(-1, HKV, D)
+    assert torch.equal(flat[19], k[0]) and torch.equal(flat[0], k[1])
