@@ -50,6 +50,16 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """One way of serving a workload."""
+
+    allocator: str  # "paged" or "contiguous"
+    prefix_caching: bool
+    n: int = 1  # completions per prompt
+    sampled: bool = False  # temperature 1 with a seed per request (child i's seed does not depend on n)
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     prompts: tuple[tuple[int, ...], ...]
     output_lens: tuple[int, ...]
@@ -76,15 +86,23 @@ def make_trace(w: Workload, *, vocab_size: int, max_model_len: int, seed: int) -
     return Trace(tuple(prompts), tuple(outputs))
 
 
-def run_once(loaded, cfg: dict, trace: Trace, *, allocator: str, prefix_caching: bool) -> tuple[dict, list]:
-    """Serve the trace once; returns (figures, output tokens per request)."""
+def _params(trace: Trace, run: Run, seed: int) -> list[SamplingParams]:
+    if not run.sampled:
+        return [SamplingParams(max_tokens=o, n=run.n, ignore_eos=True) for o in trace.output_lens]
+    return [SamplingParams(max_tokens=o, n=run.n, temperature=1.0, seed=seed * 100_003 + 1_000 * i,
+                           ignore_eos=True) for i, o in enumerate(trace.output_lens)]
+
+
+def run_once(loaded, cfg: dict, trace: Trace, run: Run) -> tuple[dict, list]:
+    """Serve the trace once; returns (figures, every completion's tokens per request)."""
     bytes_per_slot = 2 * loaded.config.num_hidden_layers * loaded.config.num_key_value_heads \
         * loaded.config.head_dim * loaded.model.dtype.itemsize
     llm = LLM(loaded, block_size=cfg["block_size"], kv_cache_memory=cfg["kv_budget_slots"] * bytes_per_slot,
-              allocator=allocator, enable_prefix_caching=prefix_caching, max_num_seqs=cfg["max_num_seqs"],
+              allocator=run.allocator, enable_prefix_caching=run.prefix_caching,
+              max_num_seqs=cfg["max_num_seqs"],
               max_num_batched_tokens=cfg["max_num_batched_tokens"], max_model_len=cfg["max_model_len"],
               seed=cfg["seed"])
-    params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in trace.output_lens]
+    params = _params(trace, run, cfg["seed"])
     start = time.perf_counter()
     outs = llm.generate([list(p) for p in trace.prompts], params, use_tqdm=True)
     wall_s = time.perf_counter() - start
@@ -113,35 +131,37 @@ def run_once(loaded, cfg: dict, trace: Trace, *, allocator: str, prefix_caching:
         "num_computed_tokens": s.num_computed_tokens,
         "num_generated_tokens": s.num_generated_tokens,
     }
-    return figures, [o.outputs[0].token_ids for o in outs]
+    return figures, [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def study_workload(loaded, cfg: dict, w: Workload, runs: list[tuple[str, bool]]) -> list[dict]:
-    """Every (allocator, prefix caching) run of one workload, with the cross-run correctness check."""
+def study_workload(loaded, cfg: dict, w: Workload, runs: list[Run]) -> list[dict]:
+    """Every run of one workload, with the cross-run correctness check: the runs must give the same
+    tokens (for n > 1, the children every run has: child i's seed does not depend on n)."""
     trace = make_trace(w, vocab_size=loaded.config.vocab_size, max_model_len=cfg["max_model_len"],
                        seed=cfg["seed"])
     results, tokens = [], []
-    for allocator, caching in runs:
-        figures, toks = run_once(loaded, cfg, trace, allocator=allocator, prefix_caching=caching)
-        results.append((allocator, caching, figures))
+    for run in runs:
+        figures, toks = run_once(loaded, cfg, trace, run)
+        results.append((run, figures))
         tokens.append(toks)
-    same = all(t == tokens[0] for t in tokens)
+    k = min(r.n for r in runs)
+    same = all([c[:k] for c in t] == [c[:k] for c in tokens[0]] for t in tokens)
     records = []
-    for allocator, caching, figures in results:
+    for run, f in results:
         records.append({
             "workload": {**asdict(w), "mean_prompt_len": trace.mean_prompt_len,
                          "mean_output_len": trace.mean_output_len},
-            "implementation": {"allocator": allocator, "prefix_caching": caching,
-                               "contiguous_policy": "max" if allocator == "contiguous" else None},
+            "implementation": {"allocator": run.allocator, "prefix_caching": run.prefix_caching, "n": run.n,
+                               "contiguous_policy": "max" if run.allocator == "contiguous" else None},
             "status": "ok",
             "validity": {"valid": same, "reasons": [] if same else
                          ["runs of this workload produced different tokens"]},
-            "figures": figures,
+            "figures": f,
         })
-        f = figures
-        tqdm.write(f"  {w.name:14s} {allocator:10s} prefix_caching={caching!s:5s} "
+        tqdm.write(f"  {w.name:14s} {run.allocator:10s} prefix_caching={run.prefix_caching!s:5s} n={run.n} "
                    f"{f['generated_tokens_per_s']:8.1f} tok/s  batch mean {f['mean_running_seqs']:6.1f}"
-                   f"  KV util {f['mean_kv_utilisation']:.1%}  preemptions {f['num_preemptions']}")
+                   f"  KV util {f['mean_kv_utilisation']:.1%}  saved {f['sharing_saving']:.1%}  "
+                   f"preemptions {f['num_preemptions']}")
     return records
 
 
@@ -155,6 +175,9 @@ def load_config(full: bool) -> dict:
     p = cfg["prefix_sharing"]
     cfg["prefix_sharing"] = Workload(p["name"], p["dataset"], p["length_scale"], p[key],
                                      p["system_prompt_len"])
+    p = cfg["parallel_sampling"]
+    cfg["parallel_sampling"] = Workload(p["name"], p["dataset"], p["length_scale"], p[key])
+    cfg["parallel_sampling_n"] = list(p["n"])
     return cfg
 
 
@@ -176,10 +199,13 @@ def main(argv: list[str]) -> None:
     warm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4))  # warm-up, outside every timed run
     records = []
     for w in tqdm(cfg["workloads"], desc="workloads", unit="workload"):
-        records += study_workload(loaded, cfg, w, [("paged", False), ("contiguous", False)])
-    records += study_workload(loaded, cfg, cfg["prefix_sharing"], [("paged", True), ("paged", False)])
+        records += study_workload(loaded, cfg, w, [Run("paged", False), Run("contiguous", False)])
+    records += study_workload(loaded, cfg, cfg["prefix_sharing"], [Run("paged", True), Run("paged", False)])
+    records += study_workload(loaded, cfg, cfg["parallel_sampling"],
+                              [Run("paged", False, n, sampled=True) for n in cfg["parallel_sampling_n"]])
     config = {**cfg, "workloads": [asdict(w) for w in cfg["workloads"]],
-              "prefix_sharing": asdict(cfg["prefix_sharing"]), "model_config": model_cfg.to_dict(),
+              "prefix_sharing": asdict(cfg["prefix_sharing"]),
+              "parallel_sampling": asdict(cfg["parallel_sampling"]), "model_config": model_cfg.to_dict(),
               "torch_threads_used": torch.get_num_threads(), "full": args.full}
     result = {"study": "throughput", "environment": environment(), "config": config, "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
