@@ -132,7 +132,8 @@ BAD_REQUESTS = {
     "above-vocab": ([1, 128, 2], GREEDY, "outside the vocabulary [0, 128): [128]"),
     "negative-id": ([-1, 5], GREEDY, "outside the vocabulary [0, 128): [-1]"),
     "too-long": (list(range(65)), GREEDY, "prompt of 65 tokens exceeds the maximum length 64"),
-    "never-fits": (list(range(30)), SamplingParams(max_tokens=20), "can never fit the KV pool: 49 tokens"),
+    "never-fits": (list(range(30)), SamplingParams(max_tokens=20),
+                   "can never fit the KV pool: 49 tokens (prompt + max_tokens - 1) need more than its 12"),
     "n-too-large": ([1, 2], SamplingParams(n=5), "n=5 exceeds max_num_seqs=4"),
     "text-no-tokenizer": ("hello", GREEDY, "needs a tokenizer"),
     "not-ints": ([1, 2.5], GREEDY, "token ids must be ints, got float 2.5"),
@@ -152,6 +153,12 @@ def test_bad_requests_rejected_rest_completes(loaded):
         assert BAD_REQUESTS[name][2] in out.error, name
         assert out.outputs == () and out.num_cached_tokens == 0, name
     assert llm.stats.num_rejected_requests == len(BAD_REQUESTS) and llm.stats.num_requests == 2
+
+
+def test_contiguous_rejects_a_reservation_larger_than_the_pool(loaded):
+    llm = LLM(loaded, allocator="contiguous", block_size=4, num_blocks=15)  # max_model_len 64 = 16 blocks
+    out = llm.generate([[1, 2, 3]], GREEDY)[0]
+    assert "a reservation of max_model_len=64 tokens need more than its 15 blocks" in out.error
 
 
 def test_strict_raises_before_running_anything(loaded):

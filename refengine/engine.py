@@ -267,8 +267,11 @@ class LLM:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
         held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored
         if not self.block_manager.can_allocate(held):
-            return (f"can never fit the KV pool: {held} tokens need more than its {self.pool.num_blocks} "
-                    f"blocks of {self.block_size} ({self.allocator} allocator)")
+            contiguous = self.allocator == "contiguous"
+            need = (f"a reservation of max_model_len={self.max_model_len} tokens" if contiguous
+                    else f"{held} tokens (prompt + max_tokens - 1)")
+            return (f"can never fit the KV pool: {need} need more than its {self.pool.num_blocks} blocks of "
+                    f"{self.block_size} ({self.allocator} allocator)")
         return None
 
     def _check_no_leak(self) -> None:
