@@ -1,0 +1,274 @@
+"""The host-cost study (issue 3 §7): what the block manager itself costs per operation.
+
+``python -m bench --only host_cost`` (or ``main([])``) runs the default config
+(``bench/configs/host_cost.yaml``; ``--full`` the longer runs). ShareGPT-like prompts
+(:func:`bench.workloads.synthetic`, random token ids) are admitted ``batch`` at a time into a
+``refengine.BlockManager`` with block size 16, prefix caching on or off, with or without a shared
+512-token system prompt. pytest-benchmark (:mod:`bench.host_cost_bench`, run in-process through
+``pytest.main``) times, with set-up outside the timed region:
+
+* ``admission``: ``allocate`` of every prompt into a fresh manager            -> µs per admission
+* ``decode``: ``decode_steps`` steps of one ``append_token`` per sequence at the peak batch
+                                                          -> µs per decode token; x batch = µs per step
+* ``step``: the same steps with ``can_append`` and ``slot`` of the new token, as a scheduler and the
+  engine's slot mapping need them                              -> µs per scheduler step (full work)
+* ``free``: ``free`` of every sequence after the decode steps            -> µs per free
+
+Each variant is first run once untimed with ``check_invariants`` and a leak check (correctness before
+timing). The target is at most 2 µs per decode token appended with prefix caching on: the report
+gives measured / target and a verdict, and never fails. Writes ``results/host_cost.json`` (records
+with the environment) and ``results/host_cost.md`` (tables), and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from tabulate import tabulate
+
+from bench import environment as env_mod
+from bench import workloads
+
+CONFIG = Path(__file__).resolve().parent / "configs" / "host_cost.yaml"
+BENCH_FILE = Path(__file__).resolve().parent / "host_cost_bench.py"
+VOCAB = 32000  # token ids are drawn from [0, VOCAB)
+MAX_REL_IQR = 0.5  # a measurement noisier than this (interquartile range / median) is marked invalid
+MEASUREMENTS = {  # name -> (unit, what one round covers)
+    "admission": ("admission", "allocate every prompt into a fresh manager"),
+    "decode": ("decode token", "decode_steps x batch append_token calls"),
+    "step": ("scheduler step", "decode_steps steps of can_append + append_token + slot per sequence"),
+    "free": ("free", "free every sequence after the decode steps"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    prefix_caching: bool
+    system_prompt: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HostCostConfig:
+    dataset: str
+    batch: int
+    block_size: int
+    decode_steps: int
+    system_prompt_len: int
+    seed: int
+    rounds: int
+    target_us_per_token: float
+    variants: tuple[Variant, ...]
+    peers_us_per_token: dict[str, tuple[float, float]]
+
+
+#: the config the benchmark module reads (set by :func:`main`; None: the default YAML)
+ACTIVE: HostCostConfig | None = None
+
+
+def load_config(path: str | Path = CONFIG, *, full: bool = False) -> HostCostConfig:
+    raw = yaml.safe_load(Path(path).read_text())
+    overrides = raw.pop("full", {}) or {}
+    if full:
+        raw.update(overrides)
+    known = {f.name for f in dataclasses.fields(HostCostConfig)}
+    if set(raw) - known or known - set(raw):
+        raise ValueError(f"{path}: unknown keys {sorted(set(raw) - known)}, "
+                         f"missing keys {sorted(known - set(raw))}")
+    raw["variants"] = tuple(Variant(**v) for v in raw["variants"])
+    peers = raw["peers_us_per_token"]
+    raw["peers_us_per_token"] = {k: (float(lo), float(hi)) for k, (lo, hi) in peers.items()}
+    return HostCostConfig(**raw)
+
+
+def active_config() -> HostCostConfig:
+    return ACTIVE if ACTIVE is not None else load_config()
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Token ids for one variant: prompts [batch][len], decode tokens [decode_steps][batch]."""
+
+    prompts: tuple[list[int], ...]
+    decode_tokens: tuple[list[int], ...]
+    num_blocks: int  # a pool that never runs out in this workload, even without sharing
+
+
+def build_workload(cfg: HostCostConfig, variant: Variant) -> Workload:
+    trace = workloads.synthetic(cfg.dataset, cfg.batch, seed=cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    system = rng.integers(0, VOCAB, cfg.system_prompt_len).tolist() if variant.system_prompt else []
+    prompts = tuple(system + rng.integers(0, VOCAB, r.prompt_len).tolist() for r in trace)
+    decode = tuple(rng.integers(0, VOCAB, cfg.batch).tolist() for _ in range(cfg.decode_steps))
+    bs = cfg.block_size
+    num_blocks = sum(math.ceil((len(p) + cfg.decode_steps) / bs) for p in prompts) + 1
+    return Workload(prompts, decode, num_blocks)
+
+
+def check_correctness(cfg: HostCostConfig, variant: Variant, w: Workload) -> dict:
+    """One untimed episode: admit, decode, check the invariants, free, check nothing leaked."""
+    from refengine import BlockManager
+
+    bm = BlockManager(w.num_blocks, cfg.block_size, enable_prefix_caching=variant.prefix_caching)
+    for i, p in enumerate(w.prompts):
+        bm.allocate(i, p)
+    for step_tokens in w.decode_tokens:
+        for i, t in enumerate(step_tokens):
+            bm.append_token(i, t)
+    bm.check_invariants()
+    m = bm.metrics()
+    for i in range(len(w.prompts)):
+        bm.free(i)
+    bm.check_invariants()
+    leaked = bm.num_used_blocks
+    reasons = [f"{leaked} blocks still used after freeing every sequence"] if leaked else []
+    if variant.prefix_caching and variant.system_prompt:
+        expected = (len(w.prompts) - 1) * (cfg.system_prompt_len // cfg.block_size * cfg.block_size)
+        if m.prefix_hit_tokens < expected:
+            reasons.append(f"prefix hits {m.prefix_hit_tokens} tokens < {expected} the system prompt gives")
+    return {"checked": True, "ok": not reasons, "reasons": reasons, "prefix_hit_tokens": m.prefix_hit_tokens,
+            "prefix_query_tokens": m.prefix_query_tokens, "peak_used_blocks": m.used_blocks,
+            "internal_fragmentation_slots": m.internal_fragmentation_slots}
+
+
+def run_benchmarks(cfg: HostCostConfig) -> list[dict]:
+    """pytest-benchmark over :mod:`bench.host_cost_bench`; its JSON benchmarks, one per measurement."""
+    import pytest
+
+    global ACTIVE
+    ACTIVE = cfg
+    sys.modules.pop("bench.host_cost_bench", None)  # it reads ACTIVE when imported
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "benchmarks.json"
+            rc = pytest.main([str(BENCH_FILE), "-q", "-p", "no:cacheprovider", "-o", "python_files=*.py",
+                              f"--benchmark-json={out}", "--benchmark-columns=min,median,stddev,rounds",
+                              "--benchmark-sort=name"])
+            if rc != 0:
+                raise RuntimeError(f"host-cost benchmarks failed (pytest exit code {int(rc)})")
+            return json.loads(out.read_text())["benchmarks"]
+    finally:
+        ACTIVE = None
+
+
+def records(cfg: HostCostConfig, benchmarks: list[dict], correctness: dict[str, dict]) -> list[dict]:
+    by_name = {v.name: v for v in cfg.variants}
+    out = []
+    for b in benchmarks:
+        info = b["extra_info"]
+        st = b["stats"]
+        units = info["units_per_round"]
+        reasons = []
+        if st["rounds"] < 3:
+            reasons.append(f"only {st['rounds']} rounds")
+        if st["median"] > 0 and st["iqr"] / st["median"] > MAX_REL_IQR:
+            reasons.append(f"noisy: interquartile range {st['iqr'] / st['median']:.0%} of the median")
+        if not correctness[info["variant"]]["ok"]:
+            reasons.append("the correctness check failed")
+        out.append({
+            "variant": dataclasses.asdict(by_name[info["variant"]]),
+            "measurement": info["measurement"],
+            "unit": MEASUREMENTS[info["measurement"]][0],
+            "units_per_round": units,
+            "batch": cfg.batch,
+            "seconds_per_round": {k: st[k] for k in ("min", "median", "mean", "stddev", "iqr", "rounds")},
+            "us_per_unit": {"median": st["median"] / units * 1e6, "min": st["min"] / units * 1e6},
+            "correctness": correctness[info["variant"]],
+            "validity": {"valid": not reasons, "reasons": reasons},
+        })
+    return sorted(out, key=lambda r: ([v.name for v in cfg.variants].index(r["variant"]["name"]),
+                                      list(MEASUREMENTS).index(r["measurement"])))
+
+
+def verdicts(cfg: HostCostConfig, recs: list[dict]) -> list[dict]:
+    """Measured / target per decode token for every variant with prefix caching on (no assertion)."""
+    out = []
+    for r in recs:
+        if r["measurement"] == "decode" and r["variant"]["prefix_caching"]:
+            us = r["us_per_unit"]["median"]
+            ratio = us / cfg.target_us_per_token
+            out.append({"variant": r["variant"]["name"], "us_per_decode_token": us,
+                        "target_us": cfg.target_us_per_token, "ratio": ratio,
+                        "verdict": "meets the target" if ratio <= 1 else "misses the target"})
+    return out
+
+
+def markdown(doc: dict) -> str:
+    """The report: cost per operation for every variant, the target verdicts, peers for scale."""
+    cfg, recs = doc["config"], doc["records"]
+    cell = {(r["variant"]["name"], r["measurement"]): r for r in recs}
+
+    def us(name: str, m: str, scale: float = 1.0) -> str:
+        r = cell.get((name, m))
+        if r is None:
+            return "-"
+        mark = "" if r["validity"]["valid"] else " (invalid)"
+        return f"{r['us_per_unit']['median'] * scale:,.2f}{mark}"
+
+    rows = []
+    for v in cfg["variants"]:
+        n = v["name"]
+        c = cell.get((n, "decode"), {}).get("correctness", {})
+        rate = c["prefix_hit_tokens"] / c["prefix_query_tokens"] if c.get("prefix_query_tokens") else None
+        rows.append([n, "on" if v["prefix_caching"] else "off", "yes" if v["system_prompt"] else "no",
+                     us(n, "admission"), us(n, "decode"), us(n, "decode", cfg["batch"]), us(n, "step"),
+                     us(n, "free"), "-" if rate is None else f"{rate:.1%}"])
+    head = ["variant", "prefix cache", f"{cfg['system_prompt_len']}-token system prompt", "µs / admission",
+            "µs / decode token", f"µs / step (append x {cfg['batch']})", "µs / step (+ can_append, slot)",
+            "µs / free", "prefix hit rate"]
+    target = [[t["variant"], f"{t['us_per_decode_token']:.3f}", f"{t['target_us']:.1f}", f"{t['ratio']:.2f}",
+               t["verdict"]] for t in doc["target"]]
+    peers = [[name, f"{lo:g}-{hi:g}"] for name, (lo, hi) in cfg["peers_us_per_token"].items()]
+    invalid = [f"- {r['variant']['name']} / {r['measurement']}: {'; '.join(r['validity']['reasons'])}"
+               for r in recs if not r["validity"]["valid"]]
+    return "\n".join([
+        "# Host cost of the block manager (issue 3 §7)", "",
+        f"{cfg['dataset']}-like prompts (`bench.workloads.synthetic`, seed {cfg['seed']}), "
+        f"batch {cfg['batch']} admitted at once, block size {cfg['block_size']}, "
+        f"{cfg['decode_steps']} decode steps per round at the peak batch; median of {cfg['rounds']} "
+        "pytest-benchmark rounds (set-up untimed, garbage collector on). A step is one "
+        "`append_token` per running sequence; the last step column adds `can_append` and `slot` of the new "
+        "token. Each variant was checked once (invariants, no leak) before timing.", "",
+        tabulate(rows, head, tablefmt="github"), "",
+        f"## Target: at most {cfg['target_us_per_token']:g} µs per decode token appended, "
+        "prefix caching on", "",
+        tabulate(target, ["variant", "µs / decode token", "target µs", "measured / target", "verdict"],
+                 tablefmt="github"), "",
+        "For scale, µs per decode token measured on this machine class (ANCHORS.md):", "",
+        tabulate(peers, ["peer", "µs / decode token"], tablefmt="github"), "",
+        *(["Invalid measurements:", *invalid, ""] if invalid else []),
+        env_mod.environment_markdown(doc["environment"]),
+    ])
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.host_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the config's `full` section")
+    parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")
+    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, full=args.full)
+    correctness = {v.name: check_correctness(cfg, v, build_workload(cfg, v)) for v in cfg.variants}
+    recs = records(cfg, run_benchmarks(cfg), correctness)
+    doc = {"environment": env_mod.environment(), "config": dataclasses.asdict(cfg), "records": recs,
+           "target": verdicts(cfg, recs)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "host_cost.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = markdown(doc)
+    (out / "host_cost.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
