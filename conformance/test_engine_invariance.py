@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from refengine import LLM, SamplingParams, load_model
 
@@ -178,6 +180,30 @@ def test_triton_backend(prompts):
     assert by_backend[0] == by_backend[1]
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_configurations(loaded, prompts, plain, data):
+    """Random batches (duplicates included), per-request max_tokens, block sizes, pool sizes from "one
+    request just fits" up, chunk sizes, prefix caching on/off, allocator: always the plain tokens."""
+    idx = data.draw(st.lists(st.integers(0, len(prompts) - 1), min_size=1, max_size=8), label="prompts")
+    max_tokens = data.draw(st.lists(st.integers(1, MAX_TOKENS), min_size=len(idx), max_size=len(idx)))
+    allocator = data.draw(st.sampled_from(["paged", "paged", "contiguous"]), label="allocator")
+    block_size = data.draw(st.sampled_from([1, 2, 3, 5, 16]), label="block_size")
+    longest = max(len(prompts[i]) + m - 1 for i, m in zip(idx, max_tokens))
+    need = -(-(64 if allocator == "contiguous" else longest) // block_size)
+    if allocator == "contiguous":  # the buddy arena places a reservation in a power-of-two run
+        need = 1 << (need - 1).bit_length()
+    num_blocks = data.draw(st.integers(need, 3 * need), label="num_blocks")
+    chunk = data.draw(st.sampled_from([1, 2, 3, 7, 512]), label="max_num_batched_tokens")
+    caching = data.draw(st.booleans(), label="prefix_caching")
+    llm = make_llm(loaded, allocator=allocator, block_size=block_size, num_blocks=num_blocks,
+                   max_num_batched_tokens=chunk, enable_prefix_caching=caching, max_model_len=64,
+                   max_num_seqs=data.draw(st.integers(1, 8), label="max_num_seqs"))
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens]
+    got = serve(llm, [prompts[i] for i in idx], params)
+    assert got == [[plain[i][0][:m]] for i, m in zip(idx, max_tokens)]
+
+
 # --- sampling -----------------------------------------------------------------------------------------
 SAMPLED = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95, top_k=64, seed=11, ignore_eos=True)
 
@@ -229,3 +255,36 @@ def test_parallel_sampling_under_preemption(loaded, prompts):
     llm = make_llm(loaded, block_size=4, num_blocks=16, enable_prefix_caching=True)
     assert serve(llm, batch, params) == want
     assert llm.stats.num_preemptions > 0
+
+
+def _seeded(max_tokens: int, n: int, prompt_index: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=32, n=n, seed=1000 * prompt_index,
+                          ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def children_alone(loaded, prompts) -> list[list[tuple[int, ...]]]:
+    """children_alone[i][j]: child j of prompt i (seed 1000 i + j) served alone, MAX_TOKENS tokens."""
+    llm = make_llm(loaded)
+    return [[serve(llm, [p], SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_k=32,
+                                            seed=1000 * i + j, ignore_eos=True))[0][0] for j in range(3)]
+            for i, p in enumerate(prompts)]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_configurations_sampled(loaded, prompts, children_alone, data):
+    """Random batches of seeded n = 1..3 requests (twins included) under random block sizes, pools,
+    chunks and prefix caching: child j always equals prompt i's child j served alone."""
+    idx = data.draw(st.lists(st.integers(0, len(prompts) - 1), min_size=1, max_size=5), label="prompts")
+    ns = data.draw(st.lists(st.integers(1, 3), min_size=len(idx), max_size=len(idx)), label="n")
+    max_tokens = data.draw(st.lists(st.integers(1, MAX_TOKENS), min_size=len(idx), max_size=len(idx)))
+    block_size = data.draw(st.sampled_from([1, 2, 3, 16]), label="block_size")
+    longest = max(len(prompts[i]) + m - 1 for i, m in zip(idx, max_tokens))
+    need = -(-longest // block_size)
+    llm = make_llm(loaded, block_size=block_size, num_blocks=data.draw(st.integers(need, 3 * need)),
+                   max_num_batched_tokens=data.draw(st.sampled_from([1, 3, 512]), label="chunk"),
+                   enable_prefix_caching=data.draw(st.booleans(), label="prefix_caching"), max_model_len=64)
+    params = [_seeded(m, n, i) for i, n, m in zip(idx, ns, max_tokens)]
+    got = serve(llm, [prompts[i] for i in idx], params)
+    assert got == [[children_alone[i][j][:m] for j in range(n)] for i, n, m in zip(idx, ns, max_tokens)]
