@@ -27,7 +27,7 @@ import warnings
 
 import torch
 
-from conformance.adapter import Implementation
+from conformance.adapter import Implementation, NotSupported
 
 
 def _flex():
@@ -43,10 +43,24 @@ def _flex_view(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(nb * bs, h, d).permute(1, 0, 2).unsqueeze(0)
 
 
-def _paged_flex(q4, k_cache, v_cache, block_tables, seq_lens, q_lens, *, scale, sliding_window):
+#: the eager path upcasts the whole cache (every physical slot) to float32 and scores every slot
+MAX_EAGER_CACHE_BYTES = 2 * 2**30
+
+
+def _check_eager_size(k_cache: torch.Tensor) -> None:
+    need = 2 * k_cache.numel() * 4
+    if need > MAX_EAGER_CACHE_BYTES:
+        raise NotSupported(
+            f"flex: eager FlexAttention on the CPU materialises the whole cache in float32 "
+            f"({need / 2**30:.1f} "
+            f"GiB for K and V, limit {MAX_EAGER_CACHE_BYTES / 2**30:.0f} GiB)")
+
+
+def _paged_flex(q4, k_cache, v_cache, block_tables, seq_lens, q_lens, *, scale, sliding_window, want_lse):
     """q4 ``[num_seqs, num_heads, max_q, head_dim]`` (row i of sequence s is its query at position
     ``seq_lens[s] - q_lens[s] + i``; rows ``>= q_lens[s]`` are padding). Returns out like q4 and lse
-    ``[num_seqs, num_heads, max_q]``."""
+    ``[num_seqs, num_heads, max_q]`` (None unless ``want_lse``)."""
+    _check_eager_size(k_cache)
     PagedAttention, AuxRequest, create_block_mask, flex_attention = _flex()
     num_blocks, block_size = k_cache.shape[:2]
     num_seqs, num_heads, max_q, _ = q4.shape
@@ -75,18 +89,18 @@ def _paged_flex(q4, k_cache, v_cache, block_tables, seq_lens, q_lens, *, scale, 
         mask = create_block_mask(logical_mask, num_seqs, None, max_q, max_logical * block_size,
                                  device=str(device), BLOCK_SIZE=(128, block_size))
         physical = pages.convert_logical_block_mask(mask, kv_len=lens.to(device))
-        out, aux = flex_attention(q4, _flex_view(k_cache), _flex_view(v_cache), block_mask=physical,
-                                  scale=scale, enable_gqa=num_heads != k_cache.shape[2],
-                                  return_aux=AuxRequest(lse=True))
-    return out, aux.lse
+        result = flex_attention(q4, _flex_view(k_cache), _flex_view(v_cache), block_mask=physical,
+                                scale=scale, enable_gqa=num_heads != k_cache.shape[2],
+                                return_aux=AuxRequest(lse=True) if want_lse else None)
+    # torch.compile'd flex_attention on the CPU refuses return_lse: ask for it only when needed
+    return result if want_lse else (result, None)
 
 
-def _finish(out_rows: torch.Tensor, lse_rows: torch.Tensor, q: torch.Tensor, out, return_lse: bool):
+def _finish(out_rows: torch.Tensor, lse_rows: torch.Tensor | None, q: torch.Tensor, out, return_lse: bool):
     if out is None:
         out = torch.empty_like(q)
     out.copy_(out_rows.to(q.dtype))
-    lse = lse_rows.to(torch.float32)
-    return (out, lse) if return_lse else out
+    return (out, lse_rows.to(torch.float32)) if return_lse else out
 
 
 class FlexAttentionImplementation(Implementation):
@@ -96,8 +110,8 @@ class FlexAttentionImplementation(Implementation):
                      num_splits=None, out=None, return_lse=False):
         ones = torch.ones_like(seq_lens)
         o, lse = _paged_flex(q.unsqueeze(2), k_cache, v_cache, block_tables, seq_lens, ones, scale=scale,
-                             sliding_window=sliding_window)
-        return _finish(o[:, :, 0], lse[:, :, 0], q, out, return_lse)
+                             sliding_window=sliding_window, want_lse=return_lse)
+        return _finish(o[:, :, 0], None if lse is None else lse[:, :, 0], q, out, return_lse)
 
     def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
                       sliding_window=None, out=None, return_lse=False):
@@ -108,12 +122,15 @@ class FlexAttentionImplementation(Implementation):
         for s, n in enumerate(q_lens):
             q4[s, :n] = q[cu[s] : cu[s + 1]]
         o, lse = _paged_flex(q4.transpose(1, 2), k_cache, v_cache, block_tables, seq_lens,
-                             torch.tensor(q_lens), scale=scale, sliding_window=sliding_window)
-        o, lse = o.transpose(1, 2), lse.transpose(1, 2)  # [num_seqs, max_q, H, D], [num_seqs, max_q, H]
+                             torch.tensor(q_lens), scale=scale, sliding_window=sliding_window,
+                             want_lse=return_lse)
+        o = o.transpose(1, 2)  # [num_seqs, max_q, H, D]
+        lse = None if lse is None else lse.transpose(1, 2)  # [num_seqs, max_q, H]
         rows = [(s, i) for s, n in enumerate(q_lens) for i in range(n)]
         seq_idx = torch.tensor([s for s, _ in rows], dtype=torch.int64)
         row_idx = torch.tensor([i for _, i in rows], dtype=torch.int64)
-        return _finish(o[seq_idx, row_idx], lse[seq_idx, row_idx], q, out, return_lse)
+        return _finish(o[seq_idx, row_idx], None if lse is None else lse[seq_idx, row_idx], q, out,
+                       return_lse)
 
     def contiguous_decode(self, q, k, v, seq_lens, *, scale=None, out=None):
         # A contiguous cache is a paged one with one block of max_len slots per sequence.
