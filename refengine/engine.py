@@ -185,12 +185,19 @@ class LLM:
         if not rows:
             return {}
         last = meta.last_token_indices()[torch.tensor(rows, device=device)]
-        logits = self.model.compute_logits(hidden[last]).cpu()
+        logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
+        greedy = logits.argmax(dim=-1).tolist()  # one batched argmax serves every greedy sequence
+        cpu_logits = None
         sampled: dict[int, int] = {}
         for row, i in enumerate(rows):
             seq = out.chunks[i].seq
             for s in (seq, *seq.pending_children):
-                sampled[s.seq_id] = sample_token(logits[row], s.params, s.generator)
+                if s.params.greedy:
+                    sampled[s.seq_id] = greedy[row]
+                    continue
+                if cpu_logits is None:
+                    cpu_logits = logits.cpu()
+                sampled[s.seq_id] = sample_token(cpu_logits[row], s.params, s.generator)
         return sampled
 
     # --- requests ----------------------------------------------------------------------------------
