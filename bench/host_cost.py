@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -204,7 +205,7 @@ def verdicts(cfg: HostCostConfig, recs: list[dict]) -> list[dict]:
 
 def markdown(doc: dict) -> str:
     """The report: cost per operation for every variant, the target verdicts, peers for scale."""
-    cfg, recs = doc["config"], doc["records"]
+    cfg, recs, load = doc["config"], doc["records"], doc["machine_load"]
     cell = {(r["variant"]["name"], r["measurement"]): r for r in recs}
 
     def us(name: str, m: str, scale: float = 1.0) -> str:
@@ -246,6 +247,10 @@ def markdown(doc: dict) -> str:
         "For scale, µs per decode token measured on this machine class (ANCHORS.md):", "",
         tabulate(peers, ["peer", "µs / decode token"], tablefmt="github"), "",
         *(["Invalid measurements:", *invalid, ""] if invalid else []),
+        "Machine load while timing (1-minute load average, start / end): "
+        f"{load['load_average_1m_start']:.1f} / {load['load_average_1m_end']:.1f} on "
+        f"{doc['environment']['machine']['cpu_count']} cores; "
+        "other processes inflate and scatter these figures.", "",
         env_mod.environment_markdown(doc["environment"]),
     ])
 
@@ -259,9 +264,11 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     cfg = load_config(args.config, full=args.full)
     correctness = {v.name: check_correctness(cfg, v, build_workload(cfg, v)) for v in cfg.variants}
+    load_start = os.getloadavg()[0]
     recs = records(cfg, run_benchmarks(cfg), correctness)
     doc = {"environment": env_mod.environment(), "config": dataclasses.asdict(cfg), "records": recs,
-           "target": verdicts(cfg, recs)}
+           "target": verdicts(cfg, recs),
+           "machine_load": {"load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0]}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "host_cost.json").write_text(json.dumps(doc, indent=1) + "\n")
