@@ -192,6 +192,8 @@ def test_sampling_params_errors(kwargs, message):
     (dict(num_blocks=8, kv_cache_memory=4096), "give exactly one of num_blocks or memory_bytes"),
     (dict(max_model_len=65), "max_model_len 65 exceeds the model's 64"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be an int >= 1, got 0"),
+    (dict(attention_backend="torch"), "a LoadedModel brings its own attention backend"),
+    (dict(dtype="bfloat16"), "dtype bfloat16 differs from the loaded model's torch.float32"),
 ])
 def test_llm_argument_errors(loaded, kwargs, message):
     with pytest.raises(InvalidArgumentError, match=message):

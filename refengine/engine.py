@@ -8,7 +8,8 @@ finish. Each step:
 2. one :class:`~refengine.attention_backend.AttentionMetadata` is built for the flattened tokens;
 3. the model runs, writing the step's K/V into the paged cache and attending through the block tables;
 4. each sequence that reached its last token samples from its own logits row with its own generator
-   (a parallel-sampling request samples all ``n`` children from its prompt's last row, then forks);
+   (a parallel-sampling request samples all ``n`` children from its prompt's last row, then forks;
+   greedy rows share one batched argmax);
 5. the scheduler appends the tokens, finishes sequences (blocks freed at once) and, with prefix caching,
    publishes the blocks whose K/V the step wrote.
 
@@ -57,6 +58,12 @@ class LLM:
     blocks, a modest pool). ``allocator="contiguous"`` reserves ``max_model_len`` slots per request
     (Orca Max) instead of paging; it cannot share blocks (no prefix caching; ``n > 1`` children are
     run as independent sequences). ``max_model_len`` defaults to the model's maximum.
+
+    ``dtype`` (a torch dtype or its name; None = the checkpoint's) and ``attention_backend``
+    ("torch", "triton", or None: triton on a GPU, torch on the CPU) are the loader's; with a
+    LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
+    random weights of a config-built model and the sampling of requests given ``seed=None``.
+    ``check_invariants=True`` runs the block manager's invariant check after every step (tests).
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -76,6 +83,9 @@ class LLM:
             if dtype is not None and resolve_dtype(dtype) != model.model.dtype:
                 raise InvalidArgumentError(
                     f"dtype {dtype} differs from the loaded model's {model.model.dtype}")
+            if attention_backend is not None:
+                raise InvalidArgumentError("a LoadedModel brings its own attention backend; pass "
+                                           "attention_backend to load_model instead")
             self.loaded = model
         else:
             self.loaded = load_model(model, dtype=dtype, attention_backend=attention_backend, seed=seed)
