@@ -9,12 +9,14 @@ specifics are those of our launchers, checked on the Triton launchers and the to
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
 import kernels
+from conformance.adapter import NotSupported
 from kernels import reference
 
 NB, BS, HKV, HQ, D = 6, 4, 2, 4, 8
@@ -48,80 +50,124 @@ def _prefill(fn, x: dict, **kw):
     return fn(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], x["cu_seqlens_q"], **kw)
 
 
-# --- checks every implementation must make --------------------------------------------------------
+# --- checks every implementation must make: shape mismatches are rejected, nothing is written ----
+# (any exception counts here: another implementation may raise its own kind; ours raise
+# ValueError/TypeError with a message, checked below on our launchers)
 
-DECODE_BREAKS = {
+SHAPE_BREAKS = {
     "q-head-dim": lambda x: {**x, "q": x["q"][..., :5]},
     "q-rank": lambda x: {**x, "q": x["q"][0]},
     "gqa-ratio": lambda x: {**x, "q": torch.randn(2, 3, D)},
     "q-num-seqs": lambda x: {**x, "q": x["q"][:1]},
     "table-num-seqs": lambda x: {**x, "block_tables": x["block_tables"][:1]},
     "v-cache-shape": lambda x: {**x, "v_cache": x["v_cache"][:, :, :1]},
+}
+DTYPE_BREAKS = {
     "cache-dtype": lambda x: {**x, "k_cache": x["k_cache"].half(), "v_cache": x["v_cache"].half()},
     "table-dtype": lambda x: {**x, "block_tables": x["block_tables"].float()},
     "seq-lens-dtype": lambda x: {**x, "seq_lens": x["seq_lens"].float()},
 }
+WRITE_SHAPE_BREAKS = {
+    "k-heads": lambda k, v, s: (k[:, :1], v[:, :1], s),
+    "v-shape": lambda k, v, s: (k, v[:2], s),
+    "slots-length": lambda k, v, s: (k, v, s[:2]),
+}
+WRITE_DTYPE_BREAKS = {
+    "slots-dtype": lambda k, v, s: (k, v, s.float()),
+    "k-dtype": lambda k, v, s: (k.half(), v.half(), s),
+}
 
 
-@pytest.mark.parametrize("brk", list(DECODE_BREAKS), ids=list(DECODE_BREAKS))
-def test_decode_rejects_mismatched_arguments(impl, brk):
-    x = DECODE_BREAKS[brk](_inputs())
-    with pytest.raises((ValueError, TypeError)):
-        _decode(impl.paged_decode, x)
+@contextlib.contextmanager
+def rejected():
+    """The block must raise (any exception but NotSupported, which still reports "not supported")."""
+    try:
+        yield
+    except NotSupported:
+        raise
+    except Exception:
+        return
+    pytest.fail("the mismatched arguments were accepted")
 
 
-@pytest.mark.parametrize("shape, dtype", [((2, HQ, D + 1), torch.float32), ((2, HQ, D), torch.float16)],
-                         ids=["shape", "dtype"])
-def test_decode_rejects_wrong_out_and_leaves_it_untouched(impl, shape, dtype):
+def _write(fn, brk):
+    """Call write_kv with broken arguments (``brk`` maps valid k, v, slots to broken ones); whatever it
+    raises propagates, and the caches must be byte-identical afterwards."""
     x = _inputs()
-    out = torch.full(shape, math.nan, dtype=dtype)
-    with pytest.raises((ValueError, TypeError)):
-        _decode(impl.paged_decode, x, out=out)
+    k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
+    k, v, slots = brk(torch.randn(3, HKV, D), torch.randn(3, HKV, D), torch.tensor([0, 5, 9]))
+    try:
+        fn(k, v, k_cache, v_cache, slots)
+    finally:
+        assert torch.equal(k_cache, x["k_cache"]) and torch.equal(v_cache, x["v_cache"]), "cache was written"
+
+
+@pytest.mark.parametrize("brk", list(SHAPE_BREAKS), ids=list(SHAPE_BREAKS))
+def test_decode_rejects_mismatched_shapes(impl, brk):
+    with rejected():
+        _decode(impl.paged_decode, SHAPE_BREAKS[brk](_inputs()))
+
+
+def test_decode_rejects_out_of_the_wrong_shape_and_leaves_it_untouched(impl):
+    out = torch.full((2, HQ, D + 1), math.nan)
+    with rejected():
+        _decode(impl.paged_decode, _inputs(), out=out)
     assert torch.isnan(out).all()
 
 
 def test_prefill_rejects_wrong_cu_seqlens_length(impl):
     x = _prefill_inputs()
     x["cu_seqlens_q"] = x["cu_seqlens_q"][:2]
-    with pytest.raises((ValueError, TypeError)):
+    with rejected():
         _prefill(impl.paged_prefill, x)
 
 
 def test_contiguous_decode_rejects_mismatched_kv(impl):
     q, k = torch.randn(2, HQ, D), torch.randn(2, 7, HKV, D)
-    with pytest.raises((ValueError, TypeError)):
+    with rejected():
         impl.contiguous_decode(q, k, k[:, :5], torch.tensor([3, 5], dtype=torch.int32))
 
 
-WRITE_BREAKS = {
-    "k-heads": lambda k, v, s: (k[:, :1], v[:, :1], s),
-    "v-shape": lambda k, v, s: (k, v[:2], s),
-    "slots-length": lambda k, v, s: (k, v, s[:2]),
-    "slots-dtype": lambda k, v, s: (k, v, s.float()),
-    "k-dtype": lambda k, v, s: (k.half(), v.half(), s),
-}
+@pytest.mark.parametrize("brk", list(WRITE_SHAPE_BREAKS), ids=list(WRITE_SHAPE_BREAKS))
+def test_write_kv_rejects_mismatched_shapes_and_writes_nothing(impl, brk):
+    with rejected():
+        _write(impl.write_kv, WRITE_SHAPE_BREAKS[brk])
 
 
-@pytest.mark.parametrize("brk", list(WRITE_BREAKS), ids=list(WRITE_BREAKS))
-def test_write_kv_rejects_mismatched_arguments_and_writes_nothing(impl, brk):
-    x = _inputs()
-    k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
-    k, v, slots = WRITE_BREAKS[brk](torch.randn(3, HKV, D), torch.randn(3, HKV, D), torch.tensor([0, 5, 9]))
-    with pytest.raises((ValueError, TypeError)):
-        impl.write_kv(k, v, k_cache, v_cache, slots)
-    assert torch.equal(k_cache, x["k_cache"]) and torch.equal(v_cache, x["v_cache"])
-
-
-BAD_PAIRS = [torch.tensor([[0, 1, 2]]), torch.tensor([0, 1]), torch.tensor([[0.0, 1.0]])]
-
-
-@pytest.mark.parametrize("pairs", BAD_PAIRS, ids=["three-columns", "rank-1", "float"])
+@pytest.mark.parametrize("pairs", [torch.tensor([[0, 1, 2]]), torch.tensor([0, 1])],
+                         ids=["3-columns", "rank-1"])
 def test_copy_blocks_rejects_bad_pairs_and_copies_nothing(impl, pairs):
     x = _inputs()
     k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
-    with pytest.raises((ValueError, TypeError)):
+    with rejected():
         impl.copy_blocks(k_cache, v_cache, pairs)
     assert torch.equal(k_cache, x["k_cache"]) and torch.equal(v_cache, x["v_cache"])
+
+
+# --- our launchers: ValueError / TypeError before anything runs, dtypes too -------------------------
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
+@pytest.mark.parametrize("brk", list(SHAPE_BREAKS) + list(DTYPE_BREAKS))
+def test_our_decode_raises_value_or_type_errors(name, brk):
+    x = {**SHAPE_BREAKS, **DTYPE_BREAKS}[brk](_inputs())
+    error = TypeError if brk in DTYPE_BREAKS else ValueError
+    with pytest.raises(error):
+        _decode(LAUNCHERS[name].paged_decode, x)
+
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
+@pytest.mark.parametrize("brk", list(WRITE_SHAPE_BREAKS) + list(WRITE_DTYPE_BREAKS))
+def test_our_write_kv_raises_value_or_type_errors_and_writes_nothing(name, brk):
+    error = TypeError if brk in WRITE_DTYPE_BREAKS else ValueError
+    with pytest.raises(error):
+        _write(LAUNCHERS[name].write_kv, {**WRITE_SHAPE_BREAKS, **WRITE_DTYPE_BREAKS}[brk])
+
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
+def test_our_copy_blocks_rejects_float_pairs(name):
+    x = _inputs()
+    with pytest.raises(TypeError, match=r"pairs must have dtype int32 or int64; got torch.float32"):
+        LAUNCHERS[name].copy_blocks(x["k_cache"], x["v_cache"], torch.tensor([[0.0, 1.0]]))
 
 
 # --- our messages: argument, expected, actual ----------------------------------------------------
@@ -141,7 +187,7 @@ MESSAGES = [
 @pytest.mark.parametrize("brk, message", MESSAGES, ids=[m[0] for m in MESSAGES])
 def test_decode_error_names_expected_and_actual(name, brk, message):
     with pytest.raises((ValueError, TypeError), match=message):
-        _decode(LAUNCHERS[name].paged_decode, DECODE_BREAKS[brk](_inputs()))
+        _decode(LAUNCHERS[name].paged_decode, {**SHAPE_BREAKS, **DTYPE_BREAKS}[brk](_inputs()))
 
 
 @pytest.mark.parametrize("name", list(LAUNCHERS))
