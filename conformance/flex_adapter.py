@@ -104,7 +104,14 @@ def _finish(out_rows: torch.Tensor, lse_rows: torch.Tensor | None, q: torch.Tens
 
 
 class FlexAttentionImplementation(Implementation):
-    """PyTorch's paged FlexAttention (``torch.nn.attention.experimental._paged_attention``)."""
+    """PyTorch's paged FlexAttention (``torch.nn.attention.experimental._paged_attention``).
+
+    Known to fail this suite (so not in the default ``--impl`` set): with NaN in the K/V slots no
+    sequence owns, every output is NaN (the eager path multiplies masked-out probabilities, 0, by every
+    physical V slot); results also change bit-wise when physical blocks are permuted.
+    """
+
+    expected_to_pass = False
 
     def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
                      num_splits=None, out=None, return_lse=False):

@@ -36,14 +36,14 @@ def gather_logical(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int)
     """The first ``seq_len`` logical positions of one sequence, as float64.
 
     cache ``[num_blocks, block_size, num_kv_heads, head_dim]``; block_table int ``[max_blocks]``.
-    Returns ``[seq_len, num_kv_heads, head_dim]`` float64 (a copy).
+    Returns ``[seq_len, num_kv_heads, head_dim]`` float64 on the CPU (a copy; the cache may be anywhere).
     """
     block_size = cache.shape[1]
     rows = []
     table = block_table.tolist()
     for pos in range(seq_len):
         block = table[pos // block_size]
-        rows.append(cache[block, pos % block_size].to(torch.float64))
+        rows.append(cache[block, pos % block_size].to(device="cpu", dtype=torch.float64))
     if not rows:
         return torch.empty(0, cache.shape[2], cache.shape[3], dtype=torch.float64)
     return torch.stack(rows)

@@ -27,39 +27,40 @@ def _peak_rss_mib() -> float:
 
 
 @pytest.fixture(scope="module")
-def huge_caches():
-    """K and V caches of NUM_BLOCKS blocks, uninitialised (shared by the tests of this module)."""
+def huge_caches(impl):
+    """K and V caches of NUM_BLOCKS blocks on the implementation's device, uninitialised (shared by the
+    tests of this module)."""
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     try:
-        return torch.empty(shape, dtype=DTYPE), torch.empty(shape, dtype=DTYPE)
+        return (torch.empty(shape, dtype=DTYPE, device=impl.device),
+                torch.empty(shape, dtype=DTYPE, device=impl.device))
     except RuntimeError as e:  # pragma: no cover - a machine without the address space
         pytest.skip(f"cannot reserve two {NUM_BLOCKS * ELEMENTS_PER_BLOCK * 2 / 2**30:.1f} GiB caches: {e}")
 
 
-def _to(impl, t: torch.Tensor) -> torch.Tensor:
-    return t if impl.device.type == "cpu" else t.to(impl.device)
+def _random_block(gen: torch.Generator, device) -> torch.Tensor:
+    return torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(device)
 
 
 def test_write_kv_past_2_31_elements(impl, huge_caches):
     """Slots whose element offset is above 2^31 (and slot 0) get exactly their tokens; the blocks
     around them are unchanged."""
-    if impl.device.type != "cpu":
-        pytest.skip("the huge-cache tests share host caches; run on the CPU backend")
     k_cache, v_cache = huge_caches
     gen = torch.Generator().manual_seed(31)
     last = NUM_BLOCKS - 1
     touched = [0, 1, last - 2, last - 1, last]
     for b in touched:  # known contents for the blocks we look at
-        k_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
-        v_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+        k_cache[b] = _random_block(gen, k_cache.device)
+        v_cache[b] = _random_block(gen, k_cache.device)
     before_k = {b: k_cache[b].clone() for b in touched}
     before_v = {b: v_cache[b].clone() for b in touched}
     slots = [last * BLOCK_SIZE + 3, (last - 1) * BLOCK_SIZE, 5, last * BLOCK_SIZE + BLOCK_SIZE - 1]
     assert slots[0] * NUM_KV_HEADS * HEAD_DIM > 2**31  # the point of the test
-    k = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
-    v = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+    dev = k_cache.device
+    k = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+    v = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
     rss = _peak_rss_mib()
-    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64))
+    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device=dev))
     checks.record("rss_growth_mib", _peak_rss_mib() - rss)
     for t, s in enumerate(slots):
         before_k[s // BLOCK_SIZE][s % BLOCK_SIZE] = k[t]
@@ -71,20 +72,20 @@ def test_write_kv_past_2_31_elements(impl, huge_caches):
 
 def test_decode_reads_blocks_past_2_31_elements(impl, huge_caches):
     """A sequence whose blocks sit at the end of a huge cache (and at block 0) matches the oracle."""
-    if impl.device.type != "cpu":
-        pytest.skip("the huge-cache tests share host caches; run on the CPU backend")
     k_cache, v_cache = huge_caches
     gen = torch.Generator().manual_seed(32)
     last = NUM_BLOCKS - 1
     table = [last, 0, last - 2, last - 1]
     for b in table:
-        k_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
-        v_cache[b] = torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE)
+        k_cache[b] = _random_block(gen, k_cache.device)
+        v_cache[b] = _random_block(gen, k_cache.device)
     seq_len = 3 * BLOCK_SIZE + 5
     q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)  # peaky: every key matters
     tables = torch.tensor([table], dtype=torch.int32)
     lens = torch.tensor([seq_len], dtype=torch.int32)
     ref = oracle.decode(q, k_cache, v_cache, tables, lens)
+    dev = k_cache.device
+    q, tables, lens = q.to(dev), tables.to(dev), lens.to(dev)
     rss = _peak_rss_mib()
     out = impl.paged_decode(q, k_cache, v_cache, tables, lens, out=torch.full_like(q, float("nan")))
     checks.record("rss_growth_mib", _peak_rss_mib() - rss)
