@@ -259,3 +259,21 @@ def test_a_block_filled_by_append_is_cached_only_once_its_prompt_is_written(impl
     m.append_token("a", 6)  # every earlier token is written: block 2 is cached as it fills
     assert m.allocate("d", [1, 2, 3, 4, 5, 6, 0]) == 6
     m.check_invariants()
+
+
+def test_token_ids_and_has_sequence(bm):
+    tokens = bm.token_ids("a")
+    assert tokens == [1, 2, 3, 4, 5, 6]
+    tokens.append(99)  # a copy: the manager's state is untouched
+    assert bm.num_tokens("a") == 6 and bm.token_ids("a") == [1, 2, 3, 4, 5, 6]
+    assert bm.has_sequence("a") and not bm.has_sequence("b") and not bm.has_sequence([1])
+
+
+def test_freed_published_blocks_are_counted_as_cached(impl):
+    m = impl.block_manager(4, 2, enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3, 4, 5])
+    assert m.num_cached_blocks == 0
+    m.free("a")  # blocks 0, 1 hold published KV; block 2 (partial) does not
+    assert (m.num_free_blocks, m.num_cached_blocks, m.num_used_blocks) == (4, 2, 0)
+    met = m.metrics()
+    assert (met.free_blocks, met.cached_blocks, met.published_blocks) == (2, 2, 2)

@@ -69,8 +69,9 @@ class _Sequence:
 class BlockManager:
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
-    __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_counters", "_free", "_next_content_id",
-                 "_num_blocks", "_seqs", "enable_prefix_caching")
+    __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
+                 "_failed_allocations", "_forks", "_free", "_next_content_id", "_num_blocks",
+                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "enable_prefix_caching")
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
         self._num_blocks = _positive_int("num_blocks", num_blocks)
@@ -82,8 +83,12 @@ class BlockManager:
         self._cache: dict[bytes, KVBlock] = {}  # block hash -> published block (in use or cached)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._next_content_id = 1
-        # prefix_query_tokens, prefix_hit_tokens, evictions, copy_on_write_copies, forks, failed_allocations
-        self._counters = [0, 0, 0, 0, 0, 0]
+        self._prefix_query_tokens = 0  # prompt tokens looked up (successful allocations)
+        self._prefix_hit_tokens = 0  # of those, tokens served from the cache
+        self._evictions = 0  # cached blocks evicted to make room
+        self._copy_on_write_copies = 0  # (src, dst) copies reported
+        self._forks = 0  # successful fork() calls
+        self._failed_allocations = 0  # allocate() calls rejected with OutOfBlocksError
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
@@ -133,7 +138,7 @@ class BlockManager:
         num_fresh = num_table - len(hits)
         available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
         if num_fresh > available:
-            self._counters[5] += 1
+            self._failed_allocations += 1
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {num_fresh} free blocks ({len(tokens)} tokens, "
                 f"{len(hits)} cached blocks reused) but only {available} are free")
@@ -146,8 +151,8 @@ class BlockManager:
         seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key)
         self._seqs[seq_id] = seq
         if self.enable_prefix_caching:
-            self._counters[0] += len(tokens)
-            self._counters[1] += len(hits) * bs
+            self._prefix_query_tokens += len(tokens)
+            self._prefix_hit_tokens += len(hits) * bs
             if publish:
                 self._publish(seq, len(tokens) // bs)
         return len(hits) * bs
@@ -194,7 +199,7 @@ class BlockManager:
         fresh = self._take_fresh()
         last.ref_count -= 1
         seq.blocks[-1] = fresh
-        self._counters[3] += 1
+        self._copy_on_write_copies += 1
         return (last.block_id, fresh.block_id)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
@@ -206,7 +211,7 @@ class BlockManager:
         self._seqs[child_id] = _Sequence(list(parent.blocks), list(parent.token_ids), parent.salt,
                                          parent.num_computed, parent.num_published, parent.chain_hash,
                                          parent.chain_key)
-        self._counters[4] += 1
+        self._forks += 1
 
     def free(self, seq_id: Hashable) -> None:
         """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
@@ -326,7 +331,7 @@ class BlockManager:
             b = self._cached.popleft()
             del self._cache[b.block_hash]
             b.clear_cache_entry()
-            self._counters[2] += 1
+            self._evictions += 1
         b.ref_count = 1
         return b
 

@@ -64,13 +64,13 @@ def compute_metrics(bm: BlockManager) -> BlockManagerMetrics:
                 filled[b.block_id] = k
     used = bm.num_used_blocks
     live = sum(filled.values())
-    c = bm._counters
     return BlockManagerMetrics(
         num_blocks=bm.num_blocks, block_size=bs, num_sequences=len(bm._seqs), used_blocks=used,
         free_blocks=len(bm._free), cached_blocks=len(bm._cached), published_blocks=len(bm._cache),
         live_tokens=live, allocated_slots=used * bs, internal_fragmentation_slots=used * bs - live,
-        prefix_query_tokens=c[0], prefix_hit_tokens=c[1], evictions=c[2], copy_on_write_copies=c[3],
-        forks=c[4], failed_allocations=c[5],
+        prefix_query_tokens=bm._prefix_query_tokens, prefix_hit_tokens=bm._prefix_hit_tokens,
+        evictions=bm._evictions, copy_on_write_copies=bm._copy_on_write_copies, forks=bm._forks,
+        failed_allocations=bm._failed_allocations,
     )
 
 
