@@ -47,6 +47,17 @@ class ControlImplementation(Implementation):
     def _written(self, slots: torch.Tensor) -> torch.Tensor:
         return slots >= 0
 
+    def _in_window(self, key_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> torch.Tensor:
+        return key_pos[None, :] > q_pos[:, None] - window
+
+    def _softmax(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities, lse) over the last dim; a row of -inf gives probabilities 0, LSE -inf."""
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0), lse
+
+    def _output_buffer(self, q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        return torch.empty_like(q) if out is None else out
+
     # --- building blocks -----------------------------------------------------------------------------
     def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
@@ -69,16 +80,14 @@ class ControlImplementation(Implementation):
         scores = torch.einsum("qhd,khd->qhk", q.to(torch.float32), k[:, heads]) * scale
         allowed = key_pos[None, :] <= q_pos[:, None]
         if window is not None:
-            allowed &= key_pos[None, :] > q_pos[:, None] - window
-        scores = scores.masked_fill(~allowed[:, None, :], -math.inf)
-        lse = torch.logsumexp(scores, dim=-1)
-        probs = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
+            allowed &= self._in_window(key_pos, q_pos, window)
+        probs, lse = self._softmax(scores.masked_fill(~allowed[:, None, :], -math.inf))
         out = torch.einsum("qhk,khd->qhd", probs, v[:, heads])
         return out, lse
 
     def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        out = torch.empty_like(q) if out is None else out
+        out = self._output_buffer(q, out)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         start = 0
         for s, (n, m) in enumerate(zip(seq_lens.tolist(), q_lens)):
@@ -181,6 +190,31 @@ class Int32Offset(_Mutant):
 
     def _slot_offsets(self, slots, elements_per_slot):
         return slots.to(torch.int32) * torch.tensor(elements_per_slot, dtype=torch.int32)
+
+
+@register("mutant-window-off-by-one")
+class WindowOffByOne(_Mutant):
+    """A sliding window of w keeps w + 1 keys ([p - w, p] instead of (p - w, p])."""
+
+    def _in_window(self, key_pos, q_pos, window):
+        return key_pos[None, :] >= q_pos[:, None] - window
+
+
+@register("mutant-nan-masked-row")
+class NanOnMaskedRow(_Mutant):
+    """A plain softmax: a row with no key (seq_len 0) gives NaN (FlashInfer #4267-style)."""
+
+    def _softmax(self, scores):
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.exp(scores - lse[..., None]), lse
+
+
+@register("mutant-ignores-out")
+class IgnoresOut(_Mutant):
+    """Returns a fresh tensor and never writes the caller's ``out=`` buffer."""
+
+    def _output_buffer(self, q, out):
+        return torch.empty_like(q)
 
 
 @register("mutant-no-cow")
