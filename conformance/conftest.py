@@ -90,3 +90,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     table = [(r.mutant, "killed" if r.killed else "SURVIVED", r.first_failure or "-", f"{r.seconds:.1f}")
              for r in rows]
     terminalreporter.write_line(tabulate(table, headers=("mutant", "verdict", "first failing test", "s")))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request: pytest.FixtureRequest):
+    # A fixture that builds something from the implementation (e.g. ``impl.block_manager(...)``) and
+    # meets an unsupported operation: "not supported", like a test body that does.
+    try:
+        return (yield)
+    except adapter.NotSupported as e:
+        pytest.skip(f"not supported: {e}")
