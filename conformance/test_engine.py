@@ -208,6 +208,28 @@ def test_generate_argument_errors(loaded):
         llm.generate([[1], [2]], [GREEDY])
 
 
+def test_a_failed_step_leaves_nothing_behind(loaded, monkeypatch):
+    llm = LLM(loaded, block_size=4, num_blocks=32)
+    prompts = [rand_prompt(n, n) for n in (3, 9, 14)]
+    want = tokens(llm.generate(prompts, GREEDY))
+    calls = []
+    forward = llm.model.forward
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return forward(*args)
+
+    monkeypatch.setattr(llm.model, "forward", failing)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate(prompts, GREEDY)
+    assert llm.stats.num_used_blocks == 0 and not llm.scheduler.has_unfinished()
+    llm.block_manager.check_invariants()
+    monkeypatch.setattr(llm.model, "forward", forward)
+    assert tokens(llm.generate(prompts, GREEDY)) == want
+
+
 # --- sizing, dtype, stats -----------------------------------------------------------------------------
 def test_kv_cache_memory_sizes_the_pool(loaded):
     per_block = 2 * 2 * 4 * 2 * 8 * 4  # K and V x layers x block_size x kv heads x head_dim x fp32 bytes

@@ -148,12 +148,17 @@ class LLM:
             from tqdm import tqdm
 
             bar = tqdm(total=sum(len(r.children) for r in requests), desc="generate", unit="seq")
-        while self.scheduler.has_unfinished():
-            finished = self.step()
+        try:
+            while self.scheduler.has_unfinished():
+                finished = self.step()
+                if bar is not None:
+                    bar.update(len(finished))
+        except BaseException:
+            self.scheduler.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
+            raise
+        finally:
             if bar is not None:
-                bar.update(len(finished))
-        if bar is not None:
-            bar.close()
+                bar.close()
         self._check_no_leak()
         return [r.output(self.tokenizer) for r in requests]
 

@@ -104,6 +104,16 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def abort_all(self) -> None:
+        """Drop every sequence (after a failed step): running ones give their blocks back."""
+        for seq in self.running:
+            self.block_manager.free(seq.seq_id)
+            seq.status = SequenceStatus.FINISHED
+        for seq in self.waiting:
+            seq.status = SequenceStatus.FINISHED
+        self.running.clear()
+        self.waiting.clear()
+
     # --- planning ------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         chunks: list[ScheduledChunk] = []
