@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conformance.block_manager_state import snapshot, without_failure_counter
 from refengine.errors import OutOfBlocksError
 
-PREFIXES = (tuple(range(1, 60)), (3,) * 60, (1, 2) * 30)  # shared prompt prefixes (with repeats)
+PREFIXES = (tuple(range(1, 70)), (3,) * 70, (1, 2) * 35)  # shared prompt prefixes (with repeats)
 SALTS = (None, "tenant-1", "tenant-2")
 
 
@@ -92,10 +92,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return hit
 
     # --- rules -----------------------------------------------------------------------------------
-    @rule(p=st.integers(0, len(PREFIXES) - 1), length=st.integers(1, 40),
-          suffix=st.lists(st.integers(0, 9), max_size=3), salt=st.sampled_from(SALTS),
-          publish=st.booleans(), twin=st.booleans())
-    def allocate(self, p, length, suffix, salt, publish, twin):
+    @rule(data=st.data(), p=st.integers(0, len(PREFIXES) - 1), suffix=st.lists(st.integers(0, 9), max_size=3),
+          salt=st.sampled_from(SALTS), publish=st.booleans(), twin=st.booleans(), churn=st.booleans())
+    def allocate(self, data, p, suffix, salt, publish, twin, churn):
+        if churn and self.seqs:  # a request finishes first: its blocks become free (or cached)
+            self.free(data)
+        # prompts up to half the pool's slots (a whole pool with the suffix): fits often, not always
+        length = data.draw(st.integers(1, max(1, self.bm.num_blocks * self.bs // 2)), label="length")
         tokens = list(PREFIXES[p][:length]) + suffix
         if self.do_allocate(tokens, salt, publish) is None or not twin:
             return
@@ -108,7 +111,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), token=st.integers(0, 9))
     def append(self, data, token):
-        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        self.do_append(data.draw(st.sampled_from(sorted(self.seqs))), token)
+
+    def do_append(self, sid: int, token: int) -> None:
         seq, bs = self.seqs[sid], self.bs
         n, old = len(seq["tokens"]), list(seq["table"])
         shared = n % bs != 0 and self.refs()[old[-1]] > 1
@@ -141,13 +146,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.bm.ref_count(table[-1]) == 1, "the block just written is shared"
 
     @precondition(lambda self: self.seqs)
-    @rule(data=st.data())
-    def fork(self, data):
-        sid = data.draw(st.sampled_from(sorted(self.seqs)))
-        self.bm.fork(sid, self.next_id)
+    @rule(data=st.data(), diverge=st.booleans(), token=st.integers(0, 9))
+    def fork(self, data, diverge, token):
+        sid, child = data.draw(st.sampled_from(sorted(self.seqs))), self.next_id
+        self.bm.fork(sid, child)
         parent = self.seqs[sid]
-        self.seqs[self.next_id] = {**parent, "tokens": list(parent["tokens"]), "table": list(parent["table"])}
+        self.seqs[child] = {**parent, "tokens": list(parent["tokens"]), "table": list(parent["table"])}
         self.next_id += 1
+        if diverge:  # the child samples its own token at once (parallel sampling): copy-on-write
+            self.do_append(child, token)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -208,6 +215,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
 def test_block_manager_state_machine(impl):
     impl.block_manager(1, 1)  # "not supported" shows as a skip before hypothesis starts
     machine = type("Machine", (BlockManagerMachine,), {"impl": impl})
-    machine.TestCase.settings = settings(settings.default, max_examples=200, stateful_step_count=40,
+    machine.TestCase.settings = settings(settings.default, max_examples=300, stateful_step_count=50,
                                          deadline=None)
     machine.TestCase().runTest()
