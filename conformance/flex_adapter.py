@@ -93,7 +93,7 @@ def _paged_flex(q4, k_cache, v_cache, block_tables, seq_lens, q_lens, *, scale, 
                                 scale=scale, enable_gqa=num_heads != k_cache.shape[2],
                                 return_aux=AuxRequest(lse=True) if want_lse else None)
     # torch.compile'd flex_attention on the CPU refuses return_lse: ask for it only when needed
-    return result if want_lse else (result, None)
+    return (result[0], result[1].lse) if want_lse else (result, None)
 
 
 def _finish(out_rows: torch.Tensor, lse_rows: torch.Tensor | None, q: torch.Tensor, out, return_lse: bool):
