@@ -111,7 +111,7 @@ class LLM:
             self.block_manager, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
-            prefix_caching=self.enable_prefix_caching, can_fork=allocator == "paged")
+            prefix_caching=self.enable_prefix_caching)
         self.check_invariants = bool(check_invariants)
         self._kv_caches = self.pool.kv_caches()
         self._recorder = StatsRecorder()

@@ -81,16 +81,19 @@ class StopRule:
 
 
 class Scheduler:
-    """Plans steps over ``block_manager`` (a BlockManager or a ContiguousBlockManager)."""
+    """Plans steps over ``block_manager`` (a BlockManager or a ContiguousBlockManager).
+
+    A sequence forks its ``pending_children`` when its prefill completes; the engine gives children to
+    fork only with an allocator that can fork (paged), otherwise it queues every child on its own.
+    """
 
     def __init__(self, block_manager, *, max_num_seqs: int, max_num_batched_tokens: int, stop: StopRule,
-                 prefix_caching: bool, can_fork: bool) -> None:
+                 prefix_caching: bool) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stop = stop
         self.prefix_caching = prefix_caching  # allocate with publish=False, publish as computed
-        self.can_fork = can_fork
         self.waiting: list[Sequence] = []  # sorted by priority
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
