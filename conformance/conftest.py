@@ -33,6 +33,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--impl", action="store", default=",".join(DEFAULT_IMPLS),
         help=f"comma-separated implementations to check (known: {', '.join(adapter.available())})",
     )
+    parser.addoption(
+        "--case", action="append", default=[],
+        help="run only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable: any of them)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # --case TEXT: keep the tests whose id contains TEXT (case ids hold "=" and ",", which -k cannot).
+    wanted = config.getoption("--case")
+    if not wanted:
+        return
+    keep = [i for i in items if any(w in i.nodeid for w in wanted)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
 
 
 def selected_impls(config: pytest.Config) -> list[str]:

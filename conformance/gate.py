@@ -1,6 +1,7 @@
 """The conformance gate: run the suite against one implementation, write JUnit XML + a JSON summary.
 
-``python -m conformance --impl NAME [--out DIR] [-k EXPR] [--full]`` (``make conformance IMPL=NAME``).
+``python -m conformance --impl NAME [--out DIR] [-k EXPR] [--case TEXT] [--full]``
+(``make conformance IMPL=NAME``).
 Writes ``DIR/NAME.junit.xml`` (pytest's ``--junitxml``; measured errors appear as test properties) and
 ``DIR/NAME.json``::
 
@@ -74,13 +75,15 @@ def _message(report: pytest.TestReport) -> str:
     return (crash.message if crash is not None else str(report.longrepr))[:2000]
 
 
-def pytest_args(impl: str, junit: Path, *, keyword: str | None, full: bool) -> list[str]:
+def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str], full: bool) -> list[str]:
     """The pytest command line the gate runs (the whole conformance suite but the mutation check)."""
     marker = "not mutants" if full else "not slow and not mutants"
     args = [str(Path(__file__).resolve().parent), "-q", "--impl", impl, "-m", marker, f"--junitxml={junit}",
             "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
     if keyword:
         args += ["-k", keyword]
+    for text in cases:
+        args += ["--case", text]
     return args
 
 
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression selecting tests")
+    parser.add_argument("--case", action="append", default=[],
+                        help="only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable)")
     parser.add_argument("--full", action="store_true", help="include the `slow` full grids")
     args = parser.parse_args(argv)
     from conformance import adapter
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     junit = args.out / f"{args.impl}.junit.xml"
     collector = _Collector()
-    cmd = pytest_args(args.impl, junit, keyword=args.keyword, full=args.full)
+    cmd = pytest_args(args.impl, junit, keyword=args.keyword, cases=args.case, full=args.full)
     status = pytest.main(cmd, plugins=[collector])
     summary = write_summary(args.out / f"{args.impl}.json", args.impl, cmd, collector.cases)
     counts = summary["counts"]
