@@ -9,6 +9,7 @@ register-sized tiles on a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ def prefill_tiles(group_size: int, head_dim: int, max_q_len: int, interpret: boo
     return PrefillTiles(block_m, block_g, 32 if block_d <= 64 else 16, block_d, 8 if block_d >= 256 else 4)
 
 
+@functools.cache
 def parallelism() -> int:
     """Programs the device runs at once (streaming multiprocessors); 1 under the interpreter."""
     b = device.backend()
@@ -113,9 +115,9 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
     table_strides = block_tables.stride() if paged else (0, 0)
     _decode_partial_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k, v, table, seq_lens, part_out, part_lse,
-        scale, sliding_window or 0, block_size, group, head_dim,
+        scale, sliding_window or 0, block_size, group, head_dim, num_splits,
         *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
-        PAGED=paged, NUM_SPLITS=num_splits,
+        PAGED=paged,
         BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, num_warps=tiles.num_warps,
     )
     if num_splits > 1:

@@ -32,14 +32,14 @@ import triton.language as tl
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale, sliding_window, block_size, group_size, head_dim,
+    scale, sliding_window, block_size, group_size, head_dim, num_splits,
     stride_q_s, stride_q_h, stride_q_d,
     stride_k_b, stride_k_o, stride_k_h, stride_k_d,
     stride_v_b, stride_v_o, stride_v_h, stride_v_d,
     stride_bt_s, stride_bt_b,
     stride_out_s, stride_out_h, stride_out_split, stride_out_d,
     stride_lse_s, stride_lse_h, stride_lse_split,
-    PAGED: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PAGED: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Program (s, kv_head, split): one split of sequence s's keys for the query heads of kv_head.
@@ -71,7 +71,7 @@ def _decode_partial_kernel(
     start = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
     num_keys = tl.maximum(seq_len - start, 0)
     num_tiles = tl.cdiv(num_keys, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
