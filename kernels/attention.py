@@ -20,6 +20,20 @@ from kernels import device
 from kernels.attention_kernels import _decode_partial_kernel, _decode_reduce_kernel, _prefill_kernel
 from kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
 
+
+@functools.cache
+def _check_interpreter_mode() -> None:
+    """Triton fixes, as it is imported, whether its own library functions (``tl.cdiv`` ...) are
+    interpreted; if triton was imported before ``kernels`` switched the interpreter on, our interpreted
+    kernels would fail deep inside with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    import triton.language.standard as tl_standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(_decode_partial_kernel, InterpretedFunction) and not isinstance(tl_standard.cdiv,
+                                                                                  InterpretedFunction):
+        raise RuntimeError("triton was imported before kernels turned on its interpreter (no GPU here): "
+                           "import kernels before triton, or set TRITON_INTERPRET=1 in the environment")
+
 MIN_KEYS_PER_SPLIT = 512  # a split shorter than this costs more to merge than it gains
 MAX_SPLITS = 16
 
@@ -90,6 +104,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, sliding_window, num_splits,
             out, max_context):
     """Shared launch of paged and contiguous decode; returns (out, lse)."""
+    _check_interpreter_mode()
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
@@ -172,6 +187,7 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     """
     shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
                                 sliding_window=sliding_window, out=out, validate=validate)
+    _check_interpreter_mode()
     scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else float(scale)
     if out is None:
         out = torch.empty_like(q)
