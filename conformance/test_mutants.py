@@ -59,7 +59,7 @@ def run_suite(impl_name: str, part: str, *, stop_at_first: bool) -> subprocess.C
 def first_failure(output: str) -> str:
     for line in output.splitlines():
         if line.startswith(("FAILED ", "ERROR ")):
-            return line.split(" ", 1)[1].split(" - ", 1)[0]
+            return line.split(" ", 1)[1].split(" - ", 1)[0].removeprefix("conformance/")
     return ""
 
 
