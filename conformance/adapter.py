@@ -12,7 +12,11 @@ the suite, subclass :class:`Implementation`, override what it supports, and regi
 
 Every method that is not overridden raises :class:`NotSupported`, which the suite reports as
 "not supported" (a skip with the reason), never as a pass. Signatures follow the ``kernels`` contract;
-see ``kernels/__init__.py`` for shapes and dtypes.
+see ``kernels/__init__.py`` for shapes and dtypes. Set ``device`` to where the implementation wants its
+tensors (the suite builds inputs there) and ``dtypes`` to the dtypes it claims.
+
+Then run the gate on it: ``python -m conformance --impl mine --load mypkg.paged_adapter`` (``--load``
+imports the module that registers it), or ``pytest conformance -p mypkg.paged_adapter --impl mine``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The conformance gate: run the suite against one implementation, write JUnit XML + a JSON summary.
 
-``python -m conformance --impl NAME [--out DIR] [-k EXPR] [--case TEXT] [--full]``
-(``make conformance IMPL=NAME``).
+``python -m conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]``
+(``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter`` imports a module that registers another
+project's implementation (``@conformance.adapter.register("mine")``) before the suite runs.
 Writes ``DIR/NAME.junit.xml`` (pytest's ``--junitxml``; measured errors appear as test properties) and
 ``DIR/NAME.json``::
 
@@ -19,6 +20,7 @@ other skip, e.g. a test that needs a GPU). The exit status is non-zero on any fa
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -90,6 +92,8 @@ def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--impl", required=True, help="the registered implementation to check")
+    parser.add_argument("--load", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (it registers implementations); repeatable")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression selecting tests")
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from conformance import adapter
 
+    for module in args.load:
+        importlib.import_module(module)
     if args.impl not in adapter.available():
         parser.error(f"unknown implementation {args.impl!r}; known: {', '.join(adapter.available())}")
     args.out.mkdir(parents=True, exist_ok=True)
