@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -140,3 +141,19 @@ def test_contiguous_decode_matches_oracle(impl, max_len, seq_lens, dtype):
     out = builders.nan_out(q.shape[0], q.to(dev))
     result = impl.contiguous_decode(q.to(dev), k.to(dev), v.to(dev), lens.to(dev), out=out)
     checks.check_attention(result, ref, dt, case.tolerance, context=f"contiguous/{case.id}")
+
+
+SHARED_CASES = [AttentionCase("decode", block_size=5, seq_lens=(23, 12, 7), num_heads=8, num_kv_heads=2),
+                AttentionCase("prefill", block_size=5, seq_lens=(23, 12, 7), q_lens=(4, 12, 2), num_heads=8,
+                              num_kv_heads=2)]
+
+
+@pytest.mark.parametrize("case", SHARED_CASES, ids=case_ids(SHARED_CASES))
+def test_sequences_sharing_prefix_blocks(impl, case):
+    """Forked / prefix-cached sequences point at the same physical blocks: sequences 1 and 2 share
+    sequence 0's first block (and sequence 1 its second one too)."""
+    x = builders.build(case, impl.device)
+    tables = x.block_tables.clone()
+    tables[1, :2] = x.block_tables[0, :2]
+    tables[2, 0] = x.block_tables[0, 0]
+    run_and_check(impl, case, x=replace(x, block_tables=tables))
