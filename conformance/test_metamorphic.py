@@ -54,7 +54,7 @@ def test_permuting_physical_blocks_is_bit_exact(impl, case):
 @pytest.mark.parametrize("case", BOTH, ids=case_ids(BOTH))
 def test_alone_or_in_a_batch_is_bit_exact(impl, case):
     x = builders.build(case, impl.device)
-    batch = builders.call(impl, case, x, **_pinned(case))
+    batch = run_and_check(impl, case, x=x, **_pinned(case))  # right, not merely self-consistent
     cu = x.cu_seqlens_q.tolist()
     for s in range(len(case.seq_lens)):
         rows = slice(cu[s], cu[s + 1])
@@ -73,6 +73,8 @@ def test_alone_or_in_a_batch_is_bit_exact(impl, case):
 def test_out_buffer_and_returned_tensor_are_identical(impl, case):
     x = builders.build(case, impl.device)
     returned, lse = builders.call(impl, case, x, return_lse=True, **_pinned(case))
+    checks.check_attention((returned, lse), builders.expected(case, x), case.torch_dtype, case.tolerance,
+                           context=case.id, return_lse=True)  # right, not merely self-consistent
     out = builders.nan_out(x.q.shape[0], x.q)
     result, lse_out = builders.call(impl, case, x, out=out, return_lse=True, **_pinned(case))
     checks.assert_bitwise_equal(out, returned, what="out= buffer vs returned tensor", context=case.id)
