@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: install test test-full conformance mutants bench bench-full lint format clean
+.PHONY: install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full lint format clean
 
 install: $(STAMP)
 
@@ -34,15 +34,29 @@ endif
 
 ## The CI gate: the conformance suite (block manager, kernels under Triton's interpreter on a CPU,
 ## engine) and the mutation check. The fuller grids are behind the `slow` marker (`make test-full`).
+# Tiny shapes: one torch thread per process avoids oversubscribing small machines.
 test: install
-	$(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_FLAGS)
 
 test-full: install
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not gpu" $(PYTEST_FLAGS)
+
+test-gpu: install
 	$(PY) -m pytest -q $(PYTEST_FLAGS)
 
 ## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
 conformance: install
 	$(PY) -m conformance --impl $(IMPL)
+
+## Regenerate the published gate results for every built-in implementation (flex is expected to fail).
+conformance-results: install
+	$(PY) -m conformance --impl triton
+	$(PY) -m conformance --impl torch
+	-$(PY) -m conformance --impl flex
+
+## Compile every kernel for sm_90 without a GPU and report register spills.
+kernels-compile-check: install
+	$(PY) -m kernels.compile_check
 
 mutants: install
 	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)

@@ -50,7 +50,8 @@ def environment() -> dict[str, object]:
     """The environment record (nested fields; see STYLE.md "Benchmarks and results")."""
     from kernels import device
 
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results/ is what the harness writes: its own output does not make the source tree dirty.
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     cupy = next((v for d in ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
                  if (v := _version(d))), None)
     return {
