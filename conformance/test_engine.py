@@ -26,7 +26,7 @@ def rand_prompt(n: int, seed: int) -> list[int]:
     return torch.randint(0, MODEL["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def tokens(outs) -> list[tuple[int, ...]]:
+def tokens(outs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
@@ -66,13 +66,13 @@ def test_greedy_equals_hf_generate(hf_folder, chunk):
             ids = torch.tensor([p])
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new,
                               min_new_tokens=num_new, do_sample=False)
-            want.append(tuple(out[0, len(p):].tolist()))
+            want.append(out[0, len(p):].tolist())
     llm = LLM(str(folder), dtype="float32", block_size=4, num_blocks=64, attention_backend="torch",
               max_num_batched_tokens=chunk, check_invariants=True)
     outs = llm.generate(prompts, SamplingParams(max_tokens=num_new))
     assert tokens(outs) == want
     assert [o.outputs[0].finish_reason for o in outs] == ["length"] * len(prompts)
-    assert [o.prompt_token_ids for o in outs] == [tuple(p) for p in prompts]
+    assert [o.prompt_token_ids for o in outs] == [list(p) for p in prompts]
 
 
 def test_text_prompts_with_a_tokenizer(hf_folder, tmp_path):
@@ -87,7 +87,7 @@ def test_text_prompts_with_a_tokenizer(hf_folder, tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     llm = LLM(str(tmp_path), attention_backend="torch", block_size=4, num_blocks=64)
     by_text, by_ids = llm.generate(["w3 w17 w200", [3, 17, 200]], GREEDY)
-    assert by_text.prompt_token_ids == (3, 17, 200) and by_text.prompt == "w3 w17 w200"
+    assert by_text.prompt_token_ids == [3, 17, 200] and by_text.prompt == "w3 w17 w200"
     assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
     assert by_text.outputs[0].text.split() == [words[t] for t in by_ids.outputs[0].token_ids]
 
@@ -150,7 +150,7 @@ def test_bad_requests_rejected_rest_completes(loaded):
     assert outs[0].error is None and outs[-1].error is None
     for name, out in zip(BAD_REQUESTS, outs[1:-1]):
         assert BAD_REQUESTS[name][2] in out.error, name
-        assert out.outputs == () and out.num_cached_tokens == 0, name
+        assert out.outputs == [] and out.num_cached_tokens == 0, name
     assert llm.stats.num_rejected_requests == len(BAD_REQUESTS) and llm.stats.num_requests == 2
 
 

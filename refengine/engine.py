@@ -321,9 +321,9 @@ class _Request:
     def output(self, tokenizer) -> RequestOutput:
         outs = []
         for s in self.children:
-            ids = tuple(s.output_token_ids)
-            text = tokenizer.decode(list(ids)) if tokenizer is not None else None
-            outs.append(CompletionOutput(s.child_index, ids, s.finish_reason, text))
+            ids = list(s.output_token_ids)
+            text = tokenizer.decode(ids) if tokenizer is not None else None
+            outs.append(CompletionOutput(ids, s.finish_reason, index=s.child_index, text=text))
         cached = self.children[0].num_cached_tokens if self.children else 0
-        return RequestOutput(self.request_id, self.prompt_token_ids, tuple(outs), cached or 0,
+        return RequestOutput(self.request_id, list(self.prompt_token_ids), outs, cached or 0,
                              self.prompt, self.error)

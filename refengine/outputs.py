@@ -9,16 +9,16 @@ FINISH_REASONS = ("length", "stop", "eos")
 
 @dataclass(frozen=True, slots=True)
 class CompletionOutput:
-    """One completion (child) of a request.
+    """One completion (child) of a request. Lists, as vLLM's offline API returns them.
 
     ``finish_reason``: "length" (``max_tokens`` reached, or the model's maximum length), "stop" (a
     ``stop_token_ids`` token was generated; it is the last of ``token_ids``), "eos" (the model's EOS
     token was generated; it is the last of ``token_ids``).
     """
 
-    index: int  # child index in [0, n)
-    token_ids: tuple[int, ...]  # generated tokens (the prompt excluded)
+    token_ids: list[int]  # generated tokens (the prompt excluded)
     finish_reason: str  # one of FINISH_REASONS
+    index: int = 0  # child index in [0, n)
     text: str | None = None  # the decoded tokens when the model folder has a tokenizer
 
 
@@ -27,13 +27,13 @@ class RequestOutput:
     """The outcome of one prompt.
 
     A rejected request has ``error`` set (why: empty prompt, token outside the vocabulary, too long,
-    can never fit the KV pool, ...), ``outputs == ()`` and ``num_cached_tokens == 0``; the other
+    can never fit the KV pool, ...), ``outputs == []`` and ``num_cached_tokens == 0``; the other
     requests of the same ``generate`` call are unaffected.
     """
 
     request_id: int  # unique within one LLM
-    prompt_token_ids: tuple[int, ...]
-    outputs: tuple[CompletionOutput, ...]  # n completions, by index
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]  # n completions, by index
     num_cached_tokens: int  # prompt tokens served from the prefix cache at first admission
     prompt: str | None = None  # the prompt text when one was given
     error: str | None = None  # None for a served request
