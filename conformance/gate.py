@@ -117,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"conformance gate [{args.impl}]: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     print(f"wrote {junit} and {args.out / (args.impl + '.json')}")
     failed = counts["fail"] + counts["error"]
-    if failed or status not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+    if counts["pass"] == 0:
+        # A gate that checked nothing must not look green (a typo in -k/--case, or nothing supported).
+        print(f"conformance gate [{args.impl}]: no test passed (none selected, or none supported): failing")
+        return 1
+    if failed or status != pytest.ExitCode.OK:
         return 1
     return 0
 
