@@ -261,6 +261,19 @@ def test_validate_rejects_lengths_beyond_the_table(name, seq_len):
 
 
 @pytest.mark.parametrize("name", list(LAUNCHERS))
+def test_host_memory_tables_are_validated_by_default(name, monkeypatch):
+    """Index tensors in host memory cost no device sync to check, and an unchecked out-of-range length
+    makes the interpreted kernel read outside the cache (a crash): validate=None checks them there."""
+    monkeypatch.delenv("PAGEDBENCH_VALIDATE", raising=False)
+    x = _inputs()
+    if x["block_tables"].device.type != "cpu":
+        pytest.skip("index tensors are on a GPU: validate=None does not check them (no device sync)")
+    x["seq_lens"][1] = 13
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] must be in \[0, 12\] .*; got 13"):
+        _decode(LAUNCHERS[name].paged_decode, x)
+
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
 def test_validation_env_var_and_override(name, monkeypatch):
     x = _prefill_inputs()
     x["cu_seqlens_q"] = torch.tensor([0, 1, 6], dtype=torch.int32)  # 5 queries, 3 cached tokens

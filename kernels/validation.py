@@ -4,8 +4,9 @@ Two levels:
 
 * always (cheap, no device sync): types, ranks, shapes, dtypes and devices of every tensor, the GQA
   ratio, ``scale`` / ``sliding_window`` / ``num_splits`` values, and a caller's ``out=``;
-* on request (``validate=True``, or the environment variable ``PAGEDBENCH_VALIDATE=1`` when ``validate``
-  is None; these read the index tensors back to the host): block ids in range for every block-table entry
+* on request (``validate=True``; when ``validate`` is None: for attention, by default when the block
+  tables live in host memory, and everywhere under the environment variable ``PAGEDBENCH_VALIDATE=1``;
+  these read the index tensors back to the host): block ids in range for every block-table entry
   a sequence uses, ``0 <= seq_lens <= max_blocks * block_size``, ``cu_seqlens_q`` starting at 0,
   non-decreasing and ending at ``total_q_tokens``, every query length ``<= seq_lens``, slots in range and
   distinct, copy pairs in range with distinct destinations that are not also sources.
@@ -55,10 +56,14 @@ class PagedShape:
         return self.num_heads // self.num_kv_heads
 
 
-def validation_enabled(validate: bool | None) -> bool:
-    """``validate`` if given, else whether ``PAGEDBENCH_VALIDATE`` is set to 1/true/yes."""
+def validation_enabled(validate: bool | None, on: torch.Tensor | None = None) -> bool:
+    """``validate`` if given; else True when ``PAGEDBENCH_VALIDATE`` is 1/true/yes, or when the index
+    tensor ``on`` lives in host memory: there reading it back costs no device sync, and an out-of-range
+    index would make the interpreted kernel read outside the cache (a crash, not an error)."""
     if validate is not None:
         return bool(validate)
+    if on is not None and on.device.type == "cpu":
+        return True
     return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -210,7 +215,7 @@ def check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale, sl
                         q_layout="[num_seqs, num_heads, head_dim]", dtypes=dtypes)
     check_dim("q", "num_seqs (q.shape[0]) = seq_lens.shape[0]", shape.num_seqs, q.shape[0])
     check_out(out, tuple(q.shape), q.dtype, q.device)
-    if validation_enabled(validate):
+    if validation_enabled(validate, block_tables):
         check_table_values(block_tables, seq_lens, shape)
     return shape
 
@@ -225,7 +230,7 @@ def check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     check_device(cu_seqlens_q, "cu_seqlens_q", q.device)
     check_dim("cu_seqlens_q", "length (num_seqs + 1)", shape.num_seqs + 1, cu_seqlens_q.shape[0])
     check_out(out, tuple(q.shape), q.dtype, q.device)
-    if validation_enabled(validate):
+    if validation_enabled(validate, block_tables):
         check_table_values(block_tables, seq_lens, shape)
         check_query_starts(cu_seqlens_q, seq_lens, q.shape[0])
     return shape
