@@ -165,3 +165,14 @@ def test_random_alloc_free_against_a_model(placement, size, ops):
         a.free(off)
     whole = [(base, 1 << o) for base, o in a.trees] if placement == "buddy" else [(0, size)]
     assert a.free_blocks() == whole and a.num_free == size and a.rounding_waste == 0
+
+
+@pytest.mark.parametrize("make", [BuddyAllocator, FirstFitAllocator], ids=["buddy", "first-fit"])
+def test_check_invariants_names_a_gap_in_the_arena(make):
+    a = make(64)
+    a.allocate(8)
+    offset = a.allocate(8)
+    a.check_invariants()
+    del a._live[offset]  # lose track of a live allocation: its span is neither free nor held
+    with pytest.raises(AssertionError, match="gap or overlap"):
+        a.check_invariants()

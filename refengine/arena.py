@@ -141,14 +141,7 @@ class BuddyAllocator:
     def check_invariants(self) -> None:
         """Raise AssertionError if free and live blocks do not tile the arena, or two free buddies coexist."""
         spans = self.free_blocks() + [(off, 1 << o) for off, (o, _) in self._live.items()]
-        spans.sort()
-        pos = 0
-        for off, units in spans:
-            if off != pos:
-                raise AssertionError(f"buddy arena: gap or overlap at {pos} (next block at {off})")
-            pos += units
-        if pos != self.size:
-            raise AssertionError(f"buddy arena: blocks cover {pos} units, arena has {self.size}")
+        _check_tiling("buddy arena", spans, self.size)
         if self.num_free != sum(u for _, u in self.free_blocks()):
             raise AssertionError("buddy arena: num_free drifted from the free lists")
         for (base, tree_order) in self.trees:
@@ -241,14 +234,7 @@ class FirstFitAllocator:
         """Raise AssertionError if holes and allocations do not tile the arena or two holes touch."""
         if self._hole_offsets != sorted(self._hole_units):
             raise AssertionError("first-fit arena: hole index out of sync")
-        spans = sorted(self.free_blocks() + list(self._live.items()))
-        pos = 0
-        for off, units in spans:
-            if off != pos:
-                raise AssertionError(f"first-fit arena: gap or overlap at {pos} (next block at {off})")
-            pos += units
-        if pos != self.size:
-            raise AssertionError(f"first-fit arena: blocks cover {pos} units, arena has {self.size}")
+        _check_tiling("first-fit arena", self.free_blocks() + list(self._live.items()), self.size)
         holes = self.free_blocks()
         for (a, ua), (b, _) in itertools.pairwise(holes):
             if a + ua == b:
@@ -264,3 +250,14 @@ def make_allocator(placement: str, size: int) -> BuddyAllocator | FirstFitAlloca
     if placement == "first_fit":
         return FirstFitAllocator(size)
     raise InvalidArgumentError(f"placement must be 'buddy' or 'first_fit', got {placement!r}")
+
+
+def _check_tiling(name: str, spans: list[tuple[int, int]], size: int) -> None:
+    """Raise AssertionError unless the (offset, units) spans tile [0, size) without gap or overlap."""
+    pos = 0
+    for off, units in sorted(spans):
+        if off != pos:
+            raise AssertionError(f"{name}: gap or overlap at {pos} (next block at {off})")
+        pos += units
+    if pos != size:
+        raise AssertionError(f"{name}: blocks cover {pos} units, arena has {size}")
