@@ -46,27 +46,27 @@ test-gpu: install
 
 ## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
 conformance: install
-	$(PY) -m conformance --impl $(IMPL)
+	$(PY) -m pagedbench.conformance --impl $(IMPL)
 
 ## Regenerate the published gate results for every built-in implementation (flex is expected to fail).
 conformance-results: install
-	$(PY) -m conformance --impl triton
-	$(PY) -m conformance --impl torch
-	-$(PY) -m conformance --impl flex
+	$(PY) -m pagedbench.conformance --impl triton
+	$(PY) -m pagedbench.conformance --impl torch
+	-$(PY) -m pagedbench.conformance --impl flex
 
 ## Compile every kernel for sm_90 without a GPU and report register spills.
 kernels-compile-check: install
-	$(PY) -m kernels.compile_check
+	$(PY) -m pagedbench.kernels.compile_check
 
 mutants: install
 	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)
 
 ## All studies with their default configs; writes results/.
 bench: install
-	$(PY) -m bench
+	$(PY) -m pagedbench.bench
 
 bench-full: install
-	$(PY) -m bench --full
+	$(PY) -m pagedbench.bench --full
 
 lint: install
 	$(PY) -m ruff check .

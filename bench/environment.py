@@ -48,7 +48,7 @@ def _cpu_model() -> str:
 
 def environment() -> dict[str, object]:
     """The environment record (nested fields; see STYLE.md "Benchmarks and results")."""
-    from kernels import device
+    from pagedbench.kernels import device
 
     # results/ is what the harness writes: its own output does not make the source tree dirty.
     status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")

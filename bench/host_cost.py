@@ -1,6 +1,6 @@
 """The host-cost study (issue 3 §7): what the block manager itself costs per operation.
 
-``python -m bench --only host_cost`` (or ``main([])``) runs the default config
+``python -m pagedbench.bench --only host_cost`` (or ``main([])``) runs the default config
 (``bench/configs/host_cost.yaml``; ``--full`` the longer runs). ShareGPT-like prompts
 (:func:`bench.workloads.synthetic`, random token ids) are admitted ``batch`` at a time into a
 ``refengine.BlockManager`` with block size 16, prefix caching on or off, with or without a shared
@@ -34,10 +34,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from pagedbench.bench import environment as env_mod
+from pagedbench.bench import workloads
 from tabulate import tabulate
-
-from bench import environment as env_mod
-from bench import workloads
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "host_cost.yaml"
 BENCH_FILE = Path(__file__).resolve().parent / "host_cost_bench.py"
@@ -117,7 +116,7 @@ def build_workload(cfg: HostCostConfig, variant: Variant) -> Workload:
 
 def check_correctness(cfg: HostCostConfig, variant: Variant, w: Workload) -> dict:
     """One untimed episode: admit, decode, check the invariants, free, check nothing leaked."""
-    from refengine import BlockManager
+    from pagedbench.refengine import BlockManager
 
     bm = BlockManager(w.num_blocks, cfg.block_size, enable_prefix_caching=variant.prefix_caching)
     for i, p in enumerate(w.prompts):
@@ -147,7 +146,7 @@ def run_benchmarks(cfg: HostCostConfig) -> list[dict]:
 
     global ACTIVE
     ACTIVE = cfg
-    sys.modules.pop("bench.host_cost_bench", None)  # it reads ACTIVE when imported
+    sys.modules.pop("pagedbench.bench.host_cost_bench", None)  # it reads ACTIVE when imported
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "benchmarks.json"
@@ -260,7 +259,7 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.host_cost", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.host_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the config's `full` section")
     parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")

@@ -9,9 +9,8 @@ token lists are built in ``setup``, outside the timed region, fresh for every ro
 from __future__ import annotations
 
 import pytest
-
-from bench import host_cost
-from refengine import BlockManager
+from pagedbench.bench import host_cost
+from pagedbench.refengine import BlockManager
 
 CFG = host_cost.active_config()
 VARIANTS = {v.name: v for v in CFG.variants}

@@ -10,7 +10,8 @@ Without a GPU, timings of the Triton interpreter would mean nothing: the study s
 ``results/kernels.json`` with status ``"skipped: no GPU"`` and the environment, and runs one small case
 of both kernels against the reference under the interpreter so that the harness itself is exercised.
 
-Run: ``python -m bench --only kernel_study [--full]`` or ``python -m bench.kernel_study [--full]``.
+Run: ``python -m pagedbench.bench --only kernel_study [--full]``
+or ``python -m pagedbench.bench.kernel_study [--full]``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from pagedbench import kernels
+from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
+from pagedbench.kernels import device, reference
 from tabulate import tabulate
 
-import kernels
-from bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
-from kernels import device, reference
-
-CONFIG = Path(__file__).resolve().parent / "configs" / "kernels.yaml"
+CONFIG = Path(__file__).resolve().parent / "configs" / "pagedbench.kernels.yaml"
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}  # relative L2 error vs float64
 
 
@@ -216,7 +216,7 @@ def render_markdown(result: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.kernel_study", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.kernel_study", description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="the `full` sweep of bench/configs/kernels.yaml")
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
@@ -234,9 +234,9 @@ def main(argv: list[str]) -> None:
               "config": cfg,
               **body}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "kernels.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out_dir / "pagedbench.kernels.json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = render_markdown(result)
-    (args.out_dir / "kernels.md").write_text(markdown)
+    (args.out_dir / "pagedbench.kernels.md").write_text(markdown)
     print(markdown)
     if body["status"] == "ok" and not body["validity"]["valid"]:
         raise SystemExit("kernel_study: a kernel disagreed with the reference (see results/kernels.md)")

@@ -8,8 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-from bench.memory_report import POLICIES, baselines, find_run
+from pagedbench.bench.memory_report import POLICIES, baselines, find_run
 
 PARTS = (("token_states", "token states"), ("reserved", "reserved"),
          ("over_reservation", "internal: over-reservation / last-block tail"),

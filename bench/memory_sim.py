@@ -36,9 +36,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.workloads import Request
-from refengine import BlockManager, ContiguousBlockManager
-from refengine.errors import OutOfBlocksError
+from pagedbench.bench.workloads import Request
+from pagedbench.refengine import BlockManager, ContiguousBlockManager
+from pagedbench.refengine.errors import OutOfBlocksError
 
 
 @dataclass(frozen=True, slots=True)

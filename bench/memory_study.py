@@ -1,6 +1,6 @@
 """The memory-waste study (issue 3 §6): where KV memory goes under Orca's reservations and paging.
 
-``python -m bench --only memory_study`` (or ``main([])``) runs the default config
+``python -m pagedbench.bench --only memory_study`` (or ``main([])``) runs the default config
 (``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
 (:mod:`bench.memory_sim`) under one KV budget at the main step time and at each step time of the
@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from pagedbench.bench import environment as env_mod
+from pagedbench.bench import workloads
+from pagedbench.bench.memory_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
-
-from bench import environment as env_mod
-from bench import workloads
-from bench.memory_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "memory.yaml"
 MIN_MEASURED_STEPS = 200  # a run measured over fewer steps is marked invalid
@@ -143,9 +142,9 @@ def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    from bench import memory_plots, memory_report
+    from pagedbench.bench import memory_plots, memory_report
 
-    parser = argparse.ArgumentParser(prog="python -m bench.memory_study", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.memory_study", description=__doc__)
     parser.add_argument("--full", action="store_true", help="the config's `full` sweeps")
     parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pagedbench.bench.environment import environment_markdown
 from tabulate import tabulate
-
-from bench.environment import environment_markdown
 
 #: the vLLM paper's figures (Kwon et al., SOSP 2023), beside ours for context -- never tuned to match
 PAPER = (

@@ -28,13 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from pagedbench.bench.environment import RESULTS_DIR, environment
+from pagedbench.bench.throughput_report import write_markdown, write_plot
+from pagedbench.bench.workloads import synthetic
+from pagedbench.kernels import device
+from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
 from tqdm import tqdm
-
-from bench.environment import RESULTS_DIR, environment
-from bench.throughput_report import write_markdown, write_plot
-from bench.workloads import synthetic
-from kernels import device
-from refengine import LLM, ModelConfig, SamplingParams, load_model
 
 CONFIG = Path(__file__).parent / "configs" / "throughput.yaml"
 MODELS = Path(__file__).parent / "configs" / "models.yaml"
@@ -198,7 +197,7 @@ def load_config(full: bool) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.throughput_study", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.throughput_study", description=__doc__)
     parser.add_argument("--full", action="store_true", help="the larger traces (num_requests_full)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
-"""``python -m conformance --impl NAME``: the conformance gate (see ``conformance.gate``)."""
+"""``python -m pagedbench.conformance --impl NAME``: the conformance gate (see ``conformance.gate``)."""
 
 import sys
 
-from conformance.gate import main
+from pagedbench.conformance.gate import main
 
 sys.exit(main())

@@ -4,7 +4,7 @@ The conformance suite never imports kernels or the engine directly: every test r
 :class:`Implementation` and calls its methods. To put another paged-attention implementation through
 the suite, subclass :class:`Implementation`, override what it supports, and register a factory::
 
-    from conformance.adapter import Implementation, register
+    from pagedbench.conformance.adapter import Implementation, register
 
     @register("mine")
     class Mine(Implementation):
@@ -15,7 +15,7 @@ Every method that is not overridden raises :class:`NotSupported`, which the suit
 see ``kernels/__init__.py`` for shapes and dtypes. Set ``device`` to where the implementation wants its
 tensors (the suite builds inputs there) and ``dtypes`` to the dtypes it claims.
 
-Then run the gate on it: ``python -m conformance --impl mine --load mypkg.paged_adapter`` (``--load``
+Then run the gate on it: ``python -m pagedbench.conformance --impl mine --load mypkg.paged_adapter`` (``--load``
 imports the module that registers it), or ``pytest conformance -p mypkg.paged_adapter --impl mine``.
 """
 
@@ -105,4 +105,4 @@ def get(name: str) -> Implementation:
 
 def _load_builtin() -> None:
     # The built-in adapters (and the mutants) register themselves on import.
-    from conformance import implementations  # noqa: F401
+    from pagedbench.conformance import implementations  # noqa: F401

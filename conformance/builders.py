@@ -17,9 +17,8 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-
-from conformance import oracle
-from conformance.cases import AttentionCase
+from pagedbench.conformance import oracle
+from pagedbench.conformance.cases import AttentionCase
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,7 @@ import math
 import warnings
 
 import torch
-
-from conformance.adapter import Implementation, NotSupported
+from pagedbench.conformance.adapter import Implementation, NotSupported
 
 
 def _flex():

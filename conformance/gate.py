@@ -1,6 +1,6 @@
 """The conformance gate: run the suite against one implementation, write JUnit XML + a JSON summary.
 
-``python -m conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]``
+``python -m pagedbench.conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]``
 (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter`` imports a module that registers another
 project's implementation (``@conformance.adapter.register("mine")``) before the suite runs.
 Writes ``DIR/NAME.junit.xml`` (pytest's ``--junitxml``; measured errors appear as test properties) and
@@ -8,7 +8,7 @@ Writes ``DIR/NAME.junit.xml`` (pytest's ``--junitxml``; measured errors appear a
 
     {"schema_version": 1, "implementation": "torch", "environment": {...}, "pytest_args": [...],
      "counts": {"pass": 120, "fail": 0, "not supported": 3, "skipped": 0, "error": 0},
-     "cases": {"conformance/test_decode.py::test_decode_matches_oracle[torch-decode/bs=16,...]":
+     "cases": {"conformance/suite/test_decode.py::test_decode_matches_oracle[torch-decode/bs=16,...]":
                {"outcome": "pass", "errors": {"out_max_abs_err": 0.0009, "out_rel_err": 0.0002}}, ...}}
 
 Outcomes: ``pass``; ``fail`` (an assertion: wrong result); ``error`` (the implementation or a fixture
@@ -29,6 +29,10 @@ import pytest
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = Path("results/conformance")
+#: the shipped suite: every test in it takes an implementation
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+#: what the suite needs whichever project's pytest configuration is in force where the gate runs
+SUITE_PYTEST_ARGS = ("-p", "pagedbench.conformance.pytest_plugin", "--import-mode=importlib")
 
 
 class _Collector:
@@ -80,8 +84,8 @@ def _message(report: pytest.TestReport) -> str:
 def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str], full: bool) -> list[str]:
     """The pytest command line the gate runs (the whole conformance suite but the mutation check)."""
     marker = "not mutants" if full else "not slow and not mutants"
-    args = [str(Path(__file__).resolve().parent), "-q", "--impl", impl, "-m", marker, f"--junitxml={junit}",
-            "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
+    args = [str(SUITE_DIR), "-q", "--impl", impl, "-m", marker, f"--junitxml={junit}",
+            "-p", "no:cacheprovider", "-o", "junit_family=xunit1", *SUITE_PYTEST_ARGS]
     if keyword:
         args += ["-k", keyword]
     for text in cases:
@@ -90,7 +94,7 @@ def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--impl", required=True, help="the registered implementation to check")
     parser.add_argument("--load", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers implementations); repeatable")
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable)")
     parser.add_argument("--full", action="store_true", help="include the `slow` full grids")
     args = parser.parse_args(argv)
-    from conformance import adapter
+    from pagedbench.conformance import adapter
 
     for module in args.load:
         importlib.import_module(module)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_summary(path: Path, impl: str, cmd: list[str], cases: dict[str, dict]) -> dict:
-    from bench.environment import environment
+    from pagedbench.bench.environment import environment
 
     counts = {k: 0 for k in ("pass", "fail", "not supported", "skipped", "error")}
     for entry in cases.values():

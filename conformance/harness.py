@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from conformance import builders, checks, oracle
-from conformance.cases import AttentionCase
+from pagedbench.conformance import builders, checks, oracle
+from pagedbench.conformance.cases import AttentionCase
 
 
 def run_and_check(impl, case: AttentionCase, *, x: builders.PagedInputs | None = None,

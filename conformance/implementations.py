@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from conformance.adapter import Implementation, register
-from conformance.flex_adapter import FlexAttentionImplementation
+from pagedbench.conformance.adapter import Implementation, register
+from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
 
 
 @register("triton")
@@ -19,37 +19,37 @@ class TritonImplementation(Implementation):
     Triton's interpreter), and ``refengine.BlockManager``."""
 
     def __init__(self) -> None:
-        from kernels import device
+        from pagedbench.kernels import device
 
         self.device = device.backend().torch_device
 
     def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
-        from refengine import BlockManager
+        from pagedbench.refengine import BlockManager
 
         return BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
     def paged_decode(self, *args, **kwargs):
-        from kernels import paged_decode
+        from pagedbench.kernels import paged_decode
 
         return paged_decode(*args, **kwargs)
 
     def paged_prefill(self, *args, **kwargs):
-        from kernels import paged_prefill
+        from pagedbench.kernels import paged_prefill
 
         return paged_prefill(*args, **kwargs)
 
     def contiguous_decode(self, *args, **kwargs):
-        from kernels import contiguous_decode
+        from pagedbench.kernels import contiguous_decode
 
         return contiguous_decode(*args, **kwargs)
 
     def write_kv(self, *args, **kwargs):
-        from kernels import write_kv
+        from pagedbench.kernels import write_kv
 
         return write_kv(*args, **kwargs)
 
     def copy_blocks(self, *args, **kwargs):
-        from kernels import copy_blocks
+        from pagedbench.kernels import copy_blocks
 
         return copy_blocks(*args, **kwargs)
 
@@ -59,27 +59,27 @@ class TorchReferenceImplementation(Implementation):
     """The pure-torch references of ``kernels.reference`` (on the CPU)."""
 
     def paged_decode(self, *args, **kwargs):
-        from kernels import reference
+        from pagedbench.kernels import reference
 
         return reference.paged_decode(*args, **kwargs)
 
     def paged_prefill(self, *args, **kwargs):
-        from kernels import reference
+        from pagedbench.kernels import reference
 
         return reference.paged_prefill(*args, **kwargs)
 
     def contiguous_decode(self, *args, **kwargs):
-        from kernels import reference
+        from pagedbench.kernels import reference
 
         return reference.contiguous_decode(*args, **kwargs)
 
     def write_kv(self, *args, **kwargs):
-        from kernels import reference
+        from pagedbench.kernels import reference
 
         return reference.write_kv(*args, **kwargs)
 
     def copy_blocks(self, *args, **kwargs):
-        from kernels import reference
+        from pagedbench.kernels import reference
 
         return reference.copy_blocks(*args, **kwargs)
 
@@ -87,4 +87,4 @@ class TorchReferenceImplementation(Implementation):
 register("flex")(FlexAttentionImplementation)
 
 # The deliberately broken implementations of the mutation check register themselves too.
-from conformance import mutants  # noqa: E402, F401
+from pagedbench.conformance import mutants  # noqa: E402, F401

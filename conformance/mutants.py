@@ -17,8 +17,7 @@ import itertools
 import math
 
 import torch
-
-from conformance.adapter import Implementation, register
+from pagedbench.conformance.adapter import Implementation, register
 
 
 @register("control")
@@ -123,7 +122,7 @@ class ControlImplementation(Implementation):
         k_cache[dst], v_cache[dst] = k_cache[src].clone(), v_cache[src].clone()
 
     def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
-        from refengine import BlockManager
+        from pagedbench.refengine import BlockManager
 
         return BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
 
@@ -225,7 +224,7 @@ class NoCopyOnWrite(_Mutant):
     breaks = "block_manager"
 
     def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
-        from refengine import BlockManager
+        from pagedbench.refengine import BlockManager
 
         class NoCowBlockManager(BlockManager):
             def _copy_on_write_last_block(self, seq):
@@ -235,6 +234,6 @@ class NoCopyOnWrite(_Mutant):
 
 
 def mutant_names() -> list[str]:
-    from conformance import adapter
+    from pagedbench.conformance import adapter
 
     return [n for n in adapter.available() if n.startswith("mutant-")]

@@ -8,8 +8,8 @@ Public launchers (a contract: see README and ``kernels.reference`` for the conve
 ``paged_decode``, ``paged_prefill``, ``write_kv``, ``copy_blocks``, ``contiguous_decode``.
 """
 
-from kernels import device  # noqa: F401  (first: decides TRITON_INTERPRET before any kernel is defined)
-from kernels.attention import contiguous_decode, paged_decode, paged_prefill
-from kernels.cache_ops import copy_blocks, write_kv
+from pagedbench.kernels import device  # noqa: F401  (first: decides TRITON_INTERPRET before any kernel is defined)
+from pagedbench.kernels.attention import contiguous_decode, paged_decode, paged_prefill
+from pagedbench.kernels.cache_ops import copy_blocks, write_kv
 
 __all__ = ["contiguous_decode", "copy_blocks", "paged_decode", "paged_prefill", "write_kv"]

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 
 import torch
 import triton
-
-from kernels import device
-from kernels.attention_kernels import _decode_partial_kernel, _decode_reduce_kernel, _prefill_kernel
-from kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
+from pagedbench.kernels import device
+from pagedbench.kernels.attention_kernels import (
+    _decode_partial_kernel,
+    _decode_reduce_kernel,
+    _prefill_kernel,
+)
+from pagedbench.kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
 
 
 @functools.cache

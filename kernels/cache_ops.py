@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import torch
 import triton
-
-from kernels import device
-from kernels.cache_kernels import _copy_blocks_kernel, _write_kv_kernel
-from kernels.validation import check_copy_blocks, check_write_kv
+from pagedbench.kernels import device
+from pagedbench.kernels.cache_kernels import _copy_blocks_kernel, _write_kv_kernel
+from pagedbench.kernels.validation import check_copy_blocks, check_write_kv
 
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

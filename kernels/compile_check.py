@@ -1,7 +1,7 @@
 """Compile every Triton kernel for a CUDA target on a machine without a GPU, and report registers and
 spills: catches code that the interpreter accepts but the compiler rejects, and tiles that spill.
 
-    python -m kernels.compile_check [--arch 90] [--dtypes fp16,bf16,fp32]
+    python -m pagedbench.kernels.compile_check [--arch 90] [--dtypes fp16,bf16,fp32]
 
 Triton's wheel carries ``ptxas`` and ``cuobjdump``, so no driver is needed. Triton decides at import
 whether it interprets, and importing ``kernels`` turns the interpreter on where there is no GPU, so the
@@ -60,7 +60,7 @@ def _resources(cubin: bytes) -> str:
 def _cases(dtype: str, attn_k, cache_k) -> list[tuple[object, dict[str, str], dict[str, object], int]]:
     """(compiled kernel, pointer types, constexprs, num_warps) for the launchers' GPU configurations;
     ``attn_k`` and ``cache_k`` are the freshly loaded kernel modules."""
-    from kernels import attention, cache_ops  # the tile choices
+    from pagedbench.kernels import attention, cache_ops  # the tile choices
     attn_ptrs = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
                  "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
                  "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
@@ -89,7 +89,7 @@ def _cases(dtype: str, attn_k, cache_k) -> list[tuple[object, dict[str, str], di
 
 def _compile_all(argv: list[str]) -> int:
     """The child: must run before anything imports triton in interpreter mode (see the docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m kernels.compile_check",
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.kernels.compile_check",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90: H100/H200)")
     parser.add_argument("--dtypes", default="fp16,bf16,fp32")
@@ -97,7 +97,7 @@ def _compile_all(argv: list[str]) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     attn_k, cache_k = _load_compiled("attention_kernels"), _load_compiled("cache_kernels")
     sys.path.insert(0, str(HERE.parent))
-    import kernels  # noqa: F401  (for the tile choices; it may switch the interpreter knob on again)
+    from pagedbench import kernels  # noqa: F401  (for the tile choices; it may switch the interpreter knob on again)
 
     os.environ.pop("TRITON_INTERPRET", None)
     import triton

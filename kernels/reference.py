@@ -24,8 +24,7 @@ import itertools
 import math
 
 import torch
-
-from kernels.validation import (
+from pagedbench.kernels.validation import (
     REFERENCE_DTYPES,
     check_contiguous_decode,
     check_copy_blocks,

@@ -1,0 +1,158 @@
+"""The memory simulator's accounting: hand-computed tiny traces step by step, the slot identity on every
+step, preemption, external fragmentation, buddy rounding, the sharing measure, and the study end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from pagedbench.bench import memory_study
+from pagedbench.bench.memory_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
+from pagedbench.bench.workloads import Request, synthetic
+
+PAGED4, PAGED2 = AllocatorSpec("paged", 4), AllocatorSpec("paged", 2)
+
+
+def cfg(kv_slots: int) -> SimConfig:
+    return SimConfig(kv_slots=kv_slots, max_seq_len=kv_slots, step_s=1.0, watermark=0.0, warmup_frac=0.0)
+
+
+def rows(result) -> list[tuple]:
+    """(time, token, reserved, internal, rounding, external, free, running, waiting) per step."""
+    return [tuple(s.__getattribute__(f) for f in StepRecord.__slots__) for s in result.steps]
+
+
+def test_paged_hand_computed():
+    trace = (Request(0, 3, 2), Request(1, 2, 1))  # both at t=0; pool: 2 blocks of 4
+    r = simulate(trace, PAGED4, cfg(8), record_steps=True)
+    assert rows(r) == [
+        (0.0, 4 + 3, 0, 1, 0, 0, 0, 2, 0),  # A 3->4 tokens (of 5), B 2->3 (of 3): B's last slot never used
+        (1.0, 5, 0, 3, 0, 0, 0, 1, 0),  # B left; A grew into a second block, 3 slots of it never used
+    ]
+    assert (r.num_steps, r.peak_running, r.mean_running) == (2, 2, 1.5)
+    assert (r.num_finished, r.num_preemptions) == (2, 0)
+    assert r.shares.token_states == 12 / 16 and r.shares.internal_fragmentation == 4 / 16
+    assert r.mean_normalized_latency_s == pytest.approx(((2 - 0) / 2 + (1 - 0) / 1) / 2)
+
+
+def test_paged_preempts_the_newest_and_readmits_it_first():
+    trace = (Request(0, 2, 2), Request(1, 1, 1))  # pool: 2 blocks of 2; A will need both
+    r = simulate(trace, PAGED2, cfg(4), record_steps=True)
+    assert rows(r) == [
+        (0.0, 3, 1, 0, 0, 0, 0, 1, 1),  # A's growth needed B's block: B preempted, back to the queue
+        (1.0, 4, 0, 0, 0, 0, 0, 1, 1),  # B refused (no free block): paged memory is never "external"
+        (2.0, 2, 0, 0, 0, 0, 2, 1, 0),  # A left; B re-admitted and done
+    ]
+    assert r.num_preemptions == 1 and r.num_finished == 2
+
+
+def test_preempted_request_goes_back_to_the_head_of_the_queue():
+    trace = (Request(0, 2, 2), Request(1, 1, 1), Request(2, 3, 1))  # pool: 2 blocks of 2
+    r = simulate(trace, PAGED2, cfg(4), record_steps=True)
+    assert rows(r) == [
+        (0.0, 3, 1, 0, 0, 0, 0, 1, 2),  # C (2 blocks) refused; A's growth preempts B
+        (1.0, 4, 0, 0, 0, 0, 0, 1, 2),
+        (2.0, 2, 0, 0, 0, 0, 2, 1, 1),  # B, back at the head, goes before C (which does not fit beside it)
+        (3.0, 4, 0, 0, 0, 0, 0, 1, 0),
+    ]
+
+
+def test_first_fit_external_fragmentation_hand_computed():
+    spec = AllocatorSpec("orca", 1, "oracle", "first_fit")
+    trace = (Request(0, 3, 1), Request(1, 1, 2), Request(2, 2, 1), Request(3, 4, 1))  # all at t=0
+    r = simulate(trace, spec, cfg(10), record_steps=True)
+    assert rows(r) == [
+        (0.0, 4 + 2 + 3, 1, 0, 0, 0, 0, 3, 1),  # A [0,4) B [4,7) C [7,10); D (5 slots) waits
+        (1.0, 3, 0, 0, 0, 7, 0, 1, 1),  # A, C left: holes of 4 and 3 hold 7 slots, none holds D's 5
+        (2.0, 5, 0, 0, 0, 0, 5, 1, 0),  # D placed at 0; the free half is not fragmentation
+    ]
+
+
+def test_buddy_rounding_is_internal_fragmentation_and_reported_apart():
+    trace = (Request(0, 2, 1), Request(1, 5, 1))
+    r = simulate(trace, AllocatorSpec("orca", 1, "oracle"), cfg(8), record_steps=True)
+    assert rows(r) == [
+        (0.0, 3, 0, 1, 1, 0, 4, 1, 1),  # A: 3 slots reserved, buddy block of 4; B needs 8 > 4 free: not
+        (1.0, 6, 0, 2, 2, 0, 0, 1, 0),  # fragmentation, too little memory. B: 6 reserved, block of 8
+    ]
+
+
+def test_orca_max_holds_what_its_reservations_allow():
+    trace = synthetic("sharegpt", 60, rate=4.0, seed=3)
+    r = simulate(trace, AllocatorSpec("orca", 1, "max"), SimConfig(step_s=0.05))
+    assert r.peak_running == 7  # 15,700 slots: 4 + 2 + 1 buddy blocks of 2,048
+    assert r.shares.internal_fragmentation > 0.3 and r.shares.rounding_waste == 0
+    assert r.shares.external_fragmentation == 0 and r.shares.free > 0  # 1,364 slots too few for 2,048
+
+
+SPECS = [AllocatorSpec("orca", 1, "max"), AllocatorSpec("orca", 1, "pow2"), AllocatorSpec("orca", 1, "oracle",
+         "first_fit"), AllocatorSpec("paged", 1), AllocatorSpec("paged", 16), AllocatorSpec("paged", 64)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_slots_add_up_on_every_step(spec):
+    trace = synthetic("sharegpt", 40, rate=8.0, seed=1, max_seq_len=512)
+    config = SimConfig(kv_slots=1500, max_seq_len=512, step_s=0.05, warmup_frac=0.3)
+    r = simulate(trace, spec, config, record_steps=True)
+    assert r.steps and r.num_steps == len(r.steps) and r.num_finished == len(trace)  # drained
+    lo, hi = 0.3 * trace[-1].arrival_s, trace[-1].arrival_s  # the measured window
+    measured = [s for s in r.steps if lo <= s.time_s <= hi]
+    cut = simulate(trace, spec, dataclasses.replace(config, drain=False), record_steps=True)
+    assert cut.steps == r.steps[:len(cut.steps)] and all(s.time_s <= hi for s in cut.steps)
+    assert cut.shares == r.shares and cut.num_measured_steps == r.num_measured_steps
+    assert r.num_measured_steps == len(measured)
+    assert r.mean_running == pytest.approx(sum(s.num_running for s in measured) / len(measured))
+    assert r.shares.free == pytest.approx(sum(s.free for s in measured) / len(measured) / r.total_slots)
+    for s in r.steps:
+        parts = (s.token_states, s.reserved, s.internal_fragmentation, s.external_fragmentation, s.free)
+        assert min(parts) >= 0 and sum(parts) == r.total_slots, s
+        assert 0 <= s.rounding_waste <= s.internal_fragmentation
+    sh = r.shares
+    total = sh.token_states + sh.reserved + sh.internal_fragmentation + sh.external_fragmentation + sh.free
+    assert total == pytest.approx(1.0)
+
+
+def test_requests_that_cannot_fit_are_refused():
+    with pytest.raises(ValueError, match="request 0: 9 tokens exceed max_seq_len 8"):
+        simulate((Request(0, 5, 4),), PAGED4, cfg(8))
+    with pytest.raises(ValueError, match=r"request 0 \(5 tokens\) can never be admitted by Orca \(Max\)"):
+        simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"),
+                 SimConfig(kv_slots=6, max_seq_len=8, step_s=1.0))
+
+
+def test_sharing_saving_hand_computed():
+    one = (Request(0, 4, 2),)  # block size 4: the full prompt block is shared, each sample adds one
+    assert sharing_saving(one, 2, 4) == pytest.approx(1 - (3 + 3) / (4 + 4))
+    assert sharing_saving(one, 1, 4) == 0.0
+    partial = (Request(0, 3, 1),)  # a partial prompt block is copied on the first append: no saving
+    assert sharing_saving(partial, 3, 4) == 0.0
+
+
+def test_study_end_to_end(tmp_path):
+    config = tmp_path / "memory.yaml"
+    config.write_text("""
+kv_slots: 2000
+max_seq_len: 512
+watermark: 0.01
+warmup_frac: 0.1
+seed: 0
+step_s: 0.04
+step_sweep_s: [0.08]
+workloads:
+  - {name: sharegpt@2, dataset: sharegpt, num_requests: 30, rate: 2.0}
+orca_policies: [max, pow2, oracle]
+orca_placements: [buddy]
+block_sizes: [4, 16]
+vllm_block_size: 16
+sharing: {dataset: alpaca, num_requests: 5, block_size: 16, n: [2]}
+""")
+    memory_study.main(["--config", str(config), "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "memory.json").read_text())
+    assert doc["environment"]["git"]["commit"] and doc["environment"]["device"]["backend"] == "cpu"
+    assert len(doc["runs"]) == 2 * (3 + 2) and len(doc["sharing"]) == 1
+    run = doc["runs"][0]
+    assert run["allocator"]["kind"] == "orca" and set(run["shares"]) >= {"token_states", "free"}
+    text = (tmp_path / "memory.md").read_text()
+    assert "| Orca (Max)" in text and "20.4" in text and "Environment" in text
+    assert all((tmp_path / f"memory_{p}.png").stat().st_size > 0 for p in ("shares", "block_size", "step"))

@@ -1,0 +1,54 @@
+"""The throughput study's harness on a tiny model: traces, records, the cross-run check and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pagedbench.bench.environment import environment
+from pagedbench.bench.throughput_report import write_markdown, write_plot
+from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
+from pagedbench.refengine import load_model
+
+CFG = dict(section="cpu", model="tiny-test", block_size=4, kv_budget_slots=96, max_model_len=32,
+           max_num_seqs=16, max_num_batched_tokens=64, seed=0, torch_threads_used=1)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64),
+                      attention_backend="torch", seed=0)
+
+
+def test_make_trace_scales_and_fits():
+    w = Workload("s", "sharegpt", 0.125, 50, system_prompt_len=5)
+    t = make_trace(w, vocab_size=64, max_model_len=32, seed=0)
+    assert len(t.prompts) == 50 and all(p[:5] == t.prompts[0][:5] for p in t.prompts)
+    assert all(len(p) + o <= 32 and o >= 1 for p, o in zip(t.prompts, t.output_lens))
+    assert t == make_trace(w, vocab_size=64, max_model_len=32, seed=0)  # seeded
+
+
+def test_records_and_report(loaded, tmp_path):
+    alloc = study_workload(loaded, CFG, Workload("a", "alpaca", 0.25, 8),
+                           [Run("paged", False), Run("contiguous", False)])
+    prefix = study_workload(loaded, CFG, Workload("p", "alpaca", 0.25, 6, system_prompt_len=9),
+                            [Run("paged", True), Run("paged", False)])
+    parallel = study_workload(loaded, CFG, Workload("n", "alpaca", 0.25, 4),
+                              [Run("paged", False, n, sampled=True) for n in (1, 2)])
+    records = alloc + prefix + parallel
+    assert all(r["validity"]["valid"] for r in records)
+    paged, contiguous = (r["figures"] for r in alloc)
+    assert paged["num_generated_tokens"] == contiguous["num_generated_tokens"] > 0
+    assert contiguous["peak_running_seqs"] <= 3  # 24 blocks of 4 hold 3 reservations of 32 slots
+    on, off = (r["figures"] for r in prefix)
+    assert on["prefix_hit_rate"] > 0 and on["sharing_saving"] > 0 and off["prefix_hit_rate"] == 0
+    one, two = (r["figures"]["num_generated_tokens"] for r in parallel)
+    assert two == 2 * one
+    cfg = dict(CFG, workloads=[{"name": "a"}], prefix_sharing={"name": "p"}, parallel_sampling={"name": "n"})
+    result = {"study": "throughput", "environment": environment(), "config": cfg, "records": records}
+    json.dumps(result)  # records are plain data
+    text = write_markdown(result, tmp_path / "t.md")
+    assert "| a " in text and "## Prefix sharing" in text and "## Parallel sampling" in text
+    write_plot(result, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0

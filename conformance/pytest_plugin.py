@@ -1,0 +1,115 @@
+"""Pytest wiring for the conformance suite: which implementations run, and how "not supported" shows.
+
+``--impl NAME[,NAME...]`` picks the implementations (default: every built-in one that is expected to
+pass: triton and torch). A test that takes the ``impl`` fixture runs once per implementation, with the
+implementation's name in its id; an operation the implementation does not support is reported as a
+skip that says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+from pagedbench.conformance import adapter
+
+BUILTIN_IMPLS = ("triton", "torch", "flex")
+#: what runs without --impl: the built-ins expected to pass (flex is known to fail, see
+#: conformance/flex_adapter.py; check it with `python -m pagedbench.conformance --impl flex`)
+DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.get(n).expected_to_pass)
+
+settings.register_profile("dev", deadline=None, max_examples=100)
+settings.register_profile(
+    "ci", deadline=None, max_examples=100, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--impl", action="store", default=",".join(DEFAULT_IMPLS),
+        help=f"comma-separated implementations to check (known: {', '.join(adapter.available())})",
+    )
+    parser.addoption(
+        "--case", action="append", default=[],
+        help="run only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable: any of them)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # --case TEXT: keep the tests whose id contains TEXT (case ids hold "=" and ",", which -k cannot).
+    wanted = config.getoption("--case")
+    if not wanted:
+        return
+    keep = [i for i in items if any(w in i.nodeid for w in wanted)]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
+
+def selected_impls(config: pytest.Config) -> list[str]:
+    names = [n.strip() for n in config.getoption("--impl").split(",") if n.strip()]
+    known = adapter.available()
+    for n in names:
+        if n not in known:
+            raise pytest.UsageError(f"--impl: unknown implementation {n!r}; known: {', '.join(known)}")
+    return names
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "impl" in metafunc.fixturenames:
+        names = selected_impls(metafunc.config)
+        metafunc.parametrize("impl", names, indirect=True, ids=names, scope="session")
+
+
+@pytest.fixture(scope="session")
+def impl(request: pytest.FixtureRequest) -> adapter.Implementation:
+    return adapter.get(request.param)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    try:
+        return (yield)
+    except adapter.NotSupported as e:
+        pytest.skip(f"not supported: {e}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    # The errors a test's comparisons measured (conformance.checks.record) go into its report: the
+    # JUnit XML shows them as properties and the gate's JSON summary reads them from there.
+    if call.when == "call":
+        from pagedbench.conformance import checks
+
+        for name, value in sorted(checks.take_recorded(item.nodeid).items()):
+            item.user_properties.append((name, value))
+    return (yield)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # The mutation check's kill table, when test_mutants ran.
+    import sys
+
+    modules = [m for name, m in list(sys.modules.items()) if name.rpartition(".")[2] == "test_mutants"]
+    rows = next((m.KILL_TABLE for m in modules if getattr(m, "KILL_TABLE", None)), None)
+    if not rows:
+        return
+    from tabulate import tabulate
+
+    killed = sum(r.killed for r in rows)
+    terminalreporter.write_sep("=", f"mutation check: {killed} of {len(rows)} mutants killed")
+    table = [(r.mutant, "killed" if r.killed else "SURVIVED", r.first_failure or "-", f"{r.seconds:.1f}")
+             for r in rows]
+    terminalreporter.write_line(tabulate(table, headers=("mutant", "verdict", "first failing test", "s")))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request: pytest.FixtureRequest):
+    # A fixture that builds something from the implementation (e.g. ``impl.block_manager(...)``) and
+    # meets an unsupported operation: "not supported", like a test body that does.
+    try:
+        return (yield)
+    except adapter.NotSupported as e:
+        pytest.skip(f"not supported: {e}")

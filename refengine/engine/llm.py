@@ -1,0 +1,328 @@
+"""The offline engine: ``LLM(model).generate(prompts, sampling_params)``, modelled on vLLM's offline API.
+
+One :meth:`LLM.generate` call validates every request first, queues the good ones and steps until all
+finish. Each step:
+
+1. the :class:`~refengine.scheduler.Scheduler` plans it (decodes, prefill chunks, admissions, maybe
+   preemptions) and returns the copy-on-write copies, applied to the KV pool first (``copy_blocks``);
+2. one :class:`~refengine.attention_backend.AttentionMetadata` is built for the flattened tokens;
+3. the model runs, writing the step's K/V into the paged cache and attending through the block tables;
+4. each sequence that reached its last token samples from its own logits row with its own generator
+   (a parallel-sampling request samples all ``n`` children from its prompt's last row, then forks;
+   greedy rows share one batched argmax);
+5. the scheduler appends the tokens, finishes sequences (blocks freed at once) and, with prefix caching,
+   publishes the blocks whose K/V the step wrote.
+
+Bad requests (empty prompt, token outside the vocabulary, prompt longer than the model's maximum, one
+that could never fit the KV pool even alone, ``n > max_num_seqs``, a string without a tokenizer...) are
+never run: their :class:`RequestOutput` has ``error`` set and no outputs, and the rest of the batch
+completes. ``generate(..., strict=True)`` instead raises :class:`InvalidRequestError` listing every bad
+request before running anything.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence as Seq
+
+import torch
+from pagedbench.refengine.engine.outputs import CompletionOutput, RequestOutput
+from pagedbench.refengine.engine.scheduler import Scheduler, SchedulerOutput, StopRule
+from pagedbench.refengine.engine.sequence import Sequence
+from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
+from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from pagedbench.refengine.kv.block_manager import BlockManager
+from pagedbench.refengine.kv.block_pool import BlockPool
+from pagedbench.refengine.kv.contiguous import ContiguousBlockManager
+from pagedbench.refengine.model.attention_backend import AttentionMetadata
+from pagedbench.refengine.model.config import resolve_dtype
+from pagedbench.refengine.model.loader import LoadedModel, load_model
+from pagedbench.refengine.model.sampling import SamplingParams, child_generator, derive_seed, sample_token
+
+ALLOCATORS = ("paged", "contiguous")
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class LLM:
+    """A model served with continuous batching over a paged (or contiguous) KV cache.
+
+    ``model``: a local Hugging Face folder, a ``ModelConfig`` / dict / YAML path (seeded random
+    weights), or a :class:`~refengine.loader.LoadedModel`. KV memory: ``num_blocks`` blocks or a
+    ``kv_cache_memory`` budget in bytes (at most one; default ``4 * ceil(max_model_len / block_size)``
+    blocks, a modest pool). ``allocator="contiguous"`` reserves ``max_model_len`` slots per request
+    (Orca Max) instead of paging; it cannot share blocks (no prefix caching; ``n > 1`` children are
+    run as independent sequences). ``max_model_len`` defaults to the model's maximum.
+
+    ``dtype`` (a torch dtype or its name; None = the checkpoint's) and ``attention_backend``
+    ("torch", "triton", or None: triton on a GPU, torch on the CPU) are the loader's; with a
+    LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
+    random weights of a config-built model and the sampling of requests given ``seed=None``.
+    ``check_invariants=True`` runs the block manager's invariant check after every step (tests).
+    """
+
+    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_memory: int | None = None, enable_prefix_caching: bool = True,
+                 allocator: str = "paged", attention_backend=None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
+                 max_model_len: int | None = None, check_invariants: bool = False) -> None:
+        if allocator not in ALLOCATORS:
+            raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+        self.block_size = _positive("block_size", block_size)
+        self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidArgumentError(f"seed must be an int >= 0, got {seed!r}")
+        self.seed = seed
+        if isinstance(model, LoadedModel):
+            if dtype is not None and resolve_dtype(dtype) != model.model.dtype:
+                raise InvalidArgumentError(
+                    f"dtype {dtype} differs from the loaded model's {model.model.dtype}")
+            if attention_backend is not None:
+                raise InvalidArgumentError("a LoadedModel brings its own attention backend; pass "
+                                           "attention_backend to load_model instead")
+            self.loaded = model
+        else:
+            self.loaded = load_model(model, dtype=dtype, attention_backend=attention_backend, seed=seed)
+        self.model, self.config, self.tokenizer = self.loaded.model, self.loaded.config, self.loaded.tokenizer
+        limit = self.config.max_position_embeddings
+        self.max_model_len = limit if max_model_len is None else _positive("max_model_len", max_model_len)
+        if self.max_model_len > limit:
+            raise InvalidArgumentError(f"max_model_len {self.max_model_len} exceeds the model's {limit}")
+        if num_blocks is None and kv_cache_memory is None:
+            num_blocks = 4 * -(-self.max_model_len // self.block_size)
+        cfg = self.config
+        self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.block_size,
+                              self.model.dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory)
+        self.allocator = allocator
+        self.enable_prefix_caching = bool(enable_prefix_caching) and allocator == "paged"
+        if allocator == "paged":
+            self.block_manager = BlockManager(self.pool.num_blocks, self.block_size,
+                                              enable_prefix_caching=self.enable_prefix_caching)
+        else:
+            self.block_manager = ContiguousBlockManager(self.pool.num_blocks, self.block_size,
+                                                        max_seq_len=self.max_model_len, policy="max")
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
+            prefix_caching=self.enable_prefix_caching)
+        self.check_invariants = bool(check_invariants)
+        self._kv_caches = self.pool.kv_caches()
+        self._recorder = StatsRecorder()
+        self._next_request_id = 0
+        self._next_seq_id = 0
+
+    # --- public ------------------------------------------------------------------------------------
+    @property
+    def stats(self) -> LLMStats:
+        """A frozen snapshot of the KV pool and the engine's counters since construction."""
+        return self._recorder.snapshot(self.block_manager, self.scheduler)
+
+    def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
+                 strict: bool = False, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Serve ``prompts`` (a list of token-id lists, or of strings when the model has a tokenizer).
+
+        ``sampling_params``: one for every prompt, or a list with one per prompt (None = defaults).
+        Returns one RequestOutput per prompt, in order; see the module docstring for bad requests.
+        """
+        prompts, params = self._normalise(prompts, sampling_params)
+        requests = [self._make_request(p, sp) for p, sp in zip(prompts, params)]
+        bad = [(i, r) for i, r in enumerate(requests) if r.error is not None]
+        if strict and bad:
+            listing = "; ".join(f"prompt {i}: {r.error}" for i, r in bad)
+            raise InvalidRequestError(f"{len(bad)} of {len(requests)} requests rejected: {listing}")
+        self._recorder.requests(len(requests) - len(bad), len(bad))
+        for r in requests:
+            if r.error is None:
+                self._recorder.prompt_tokens(len(r.prompt_token_ids))
+                for seq in r.queued:
+                    self.scheduler.add(seq)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=sum(len(r.children) for r in requests), desc="generate", unit="seq")
+        try:
+            while self.scheduler.has_unfinished():
+                finished = self.step()
+                if bar is not None:
+                    bar.update(len(finished))
+        except BaseException:
+            self.scheduler.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        self._check_no_leak()
+        return [r.output(self.tokenizer) for r in requests]
+
+    def step(self) -> list[Sequence]:
+        """Run one engine step; returns the sequences that finished in it."""
+        out = self.scheduler.schedule()
+        if out.copies:
+            self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])
+        sampled = self._run(out)
+        finished = self.scheduler.update(out, sampled)
+        self._recorder.step(out, len(sampled), self.scheduler, self.block_manager)
+        if self.check_invariants:
+            self.block_manager.check_invariants()
+        return finished
+
+    # --- the step ----------------------------------------------------------------------------------
+    def _run(self, out: SchedulerOutput) -> dict[int, int]:
+        """Run the model on the step's tokens and sample; returns seq_id -> new token."""
+        bm, bs = self.block_manager, self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables, seq_lens, query_lens = [], [], []
+        for chunk in out.chunks:
+            seq, table = chunk.seq, bm.block_table(chunk.seq.seq_id)
+            input_ids.extend(seq.token_ids[chunk.start:chunk.end])
+            positions.extend(range(chunk.start, chunk.end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.start, chunk.end))
+            tables.append(table)
+            seq_lens.append(chunk.end)
+            query_lens.append(chunk.num_tokens)
+        device = self.model.device
+        meta = AttentionMetadata.build(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+                                       query_lens=query_lens, device=device)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=device)
+        hidden = self.model.forward(ids, pos, meta, self._kv_caches)
+        rows = [i for i, c in enumerate(out.chunks) if c.samples]
+        if not rows:
+            return {}
+        last = meta.last_token_indices()[torch.tensor(rows, device=device)]
+        logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
+        greedy = logits.argmax(dim=-1).tolist()  # one batched argmax serves every greedy sequence
+        cpu_logits = None
+        sampled: dict[int, int] = {}
+        for row, i in enumerate(rows):
+            seq = out.chunks[i].seq
+            for s in (seq, *seq.pending_children):
+                if s.params.greedy:
+                    sampled[s.seq_id] = greedy[row]
+                    continue
+                if cpu_logits is None:
+                    cpu_logits = logits.cpu()
+                sampled[s.seq_id] = sample_token(cpu_logits[row], s.params, s.generator)
+        return sampled
+
+    # --- requests ----------------------------------------------------------------------------------
+    def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise InvalidArgumentError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+            raise InvalidArgumentError("prompts is a flat list of ints: pass a list of prompts, e.g. [ids]")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            return list(prompts), [sampling_params] * len(prompts)
+        params = list(sampling_params)
+        if len(params) != len(prompts):
+            raise InvalidArgumentError(
+                f"sampling_params: one per prompt expected ({len(prompts)}), got {len(params)}")
+        for i, sp in enumerate(params):
+            if not isinstance(sp, SamplingParams):
+                raise InvalidArgumentError(
+                    f"sampling_params[{i}] must be SamplingParams, got {type(sp).__name__}")
+        return list(prompts), params
+
+    def _make_request(self, prompt, params: SamplingParams) -> _Request:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        text = prompt if isinstance(prompt, str) else None
+        ids, error = self._tokens(prompt)
+        if error is None:
+            error = self._check_request(ids, params)
+        req = _Request(request_id, tuple(ids), text, params, error)
+        if error is not None:
+            return req
+        base = params.seed if params.seed is not None else derive_seed(self.seed, request_id)
+        for i in range(params.n):
+            gen = None if params.greedy else child_generator(base, i)
+            req.children.append(Sequence(self._next_seq_id, request_id, i, list(ids), len(ids), params, gen))
+            self._next_seq_id += 1
+        if self.allocator == "paged":  # children fork from child 0 after its prefill
+            req.children[0].pending_children = req.children[1:]
+            req.queued = req.children[:1]
+        else:  # no sharing: every child computes the prompt itself
+            req.queued = list(req.children)
+        return req
+
+    def _tokens(self, prompt) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return [], "a text prompt needs a tokenizer; the model has none (pass token ids)"
+            return list(self.tokenizer.encode(prompt).ids), None
+        if not isinstance(prompt, (list, tuple)):
+            return [], f"a prompt must be a list of token ids or a string, got {type(prompt).__name__}"
+        ids = []
+        for t in prompt:
+            try:
+                if isinstance(t, bool):
+                    raise TypeError
+                ids.append(operator.index(t))
+            except TypeError:
+                return [], f"token ids must be ints, got {type(t).__name__} {t!r}"
+        return ids, None
+
+    def _check_request(self, ids: list[int], params: SamplingParams) -> str | None:
+        vocab = self.config.vocab_size
+        if not ids:
+            return "empty prompt"
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            return f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}"
+        if len(ids) > self.max_model_len:
+            return f"prompt of {len(ids)} tokens exceeds the maximum length {self.max_model_len}"
+        if params.n > self.max_num_seqs:
+            return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
+        held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored
+        if not self.block_manager.can_allocate(held):
+            contiguous = self.allocator == "contiguous"
+            need = (f"a reservation of max_model_len={self.max_model_len} tokens" if contiguous
+                    else f"{held} tokens (prompt + max_tokens - 1)")
+            return (f"can never fit the KV pool: {need} need more than its {self.pool.num_blocks} blocks of "
+                    f"{self.block_size} ({self.allocator} allocator)")
+        return None
+
+    def _check_no_leak(self) -> None:
+        bm = self.block_manager
+        if bm.num_free_blocks != bm.num_blocks:
+            raise RuntimeError(f"KV block leak: {bm.num_blocks - bm.num_free_blocks} of {bm.num_blocks} "
+                               "blocks still held after generate")
+
+
+class _Request:
+    """One prompt of a generate call: its children and, once done, its output."""
+
+    __slots__ = ("children", "error", "params", "prompt", "prompt_token_ids", "queued", "request_id")
+
+    def __init__(self, request_id: int, prompt_token_ids: tuple[int, ...], prompt: str | None,
+                 params: SamplingParams, error: str | None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.prompt = prompt
+        self.params = params
+        self.error = error
+        self.children: list[Sequence] = []
+        self.queued: list[Sequence] = []  # the sequences given to the scheduler
+
+    def output(self, tokenizer) -> RequestOutput:
+        outs = []
+        for s in self.children:
+            ids = list(s.output_token_ids)
+            text = tokenizer.decode(ids) if tokenizer is not None else None
+            outs.append(CompletionOutput(ids, s.finish_reason, index=s.child_index, text=text))
+        cached = self.children[0].num_cached_tokens if self.children else 0
+        return RequestOutput(self.request_id, list(self.prompt_token_ids), outs, cached or 0,
+                             self.prompt, self.error)

@@ -1,0 +1,72 @@
+"""What a request asks of the sampler: :class:`SamplingParams` (vLLM's offline-API names) and the
+seed a request given ``seed=None`` derives from the engine's seed.
+
+Kept apart from the sampler itself (``refengine.model.sampling``) so that the scheduler and the
+sequences, which carry these parameters, import no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pagedbench.refengine.errors import InvalidArgumentError
+
+_SEED_MODULUS = 2**62  # keeps derived seeds (and seed + child index) inside torch's int64 seed range
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one request (vLLM's offline-API names and meanings).
+
+    ``stop_token_ids`` and the model's EOS ids end a sequence *with* the token included in its output
+    (as Hugging Face's ``generate``); ``ignore_eos`` keeps going past EOS until ``max_tokens``.
+    """
+
+    max_tokens: int = 16  # tokens to generate at most (>= 1)
+    temperature: float = 0.0  # 0 = greedy; > 0 scales logits by 1/temperature
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 keeps every token
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    n: int = 1  # completions per prompt (parallel sampling; children share the prompt's blocks)
+    seed: int | None = None  # child i uses seed + i; None derives one from the engine's seed
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end a sequence (included in its output)
+    ignore_eos: bool = False  # do not stop at the model's EOS token(s)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise InvalidArgumentError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if (not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool)
+                or not math.isfinite(self.temperature) or self.temperature < 0):
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool)
+                or not 0.0 < self.top_p <= 1.0):
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise InvalidArgumentError(f"top_k must be an int >= 0 (0 = disabled), got {self.top_k!r}")
+        if not _is_int(self.n) or self.n < 1:
+            raise InvalidArgumentError(f"n must be an int >= 1, got {self.n!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_MODULUS):
+            raise InvalidArgumentError(f"seed must be None or an int in [0, 2**62), got {self.seed!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise InvalidArgumentError(
+                f"stop_token_ids must be a sequence of ints, got {type(self.stop_token_ids).__name__}")
+        stop = tuple(self.stop_token_ids)
+        bad = [t for t in stop if not _is_int(t) or t < 0]
+        if bad:
+            raise InvalidArgumentError(f"stop_token_ids must be non-negative ints, got {bad!r}")
+        object.__setattr__(self, "stop_token_ids", stop)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidArgumentError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def derive_seed(engine_seed: int, request_id: int) -> int:
+    """The base seed of a request given ``seed=None``: a fixed mix of the engine seed and request id."""
+    return (engine_seed * 0x9E3779B97F4A7C15 + request_id * 0xBF58476D1CE4E5B9 + 1) % _SEED_MODULUS

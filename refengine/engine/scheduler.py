@@ -1,0 +1,251 @@
+"""Continuous batching over a block allocator: admission, chunked prefill, preemption, forks.
+
+Each :meth:`Scheduler.schedule` call plans one step under two limits, ``max_num_seqs`` running
+sequences and ``max_num_batched_tokens`` tokens computed, in this order:
+
+1. *decodes*: running sequences with one token left to compute, oldest first. A sequence whose last
+   sampled token has no room yet gets it now (``append_token``, which may ask for a copy-on-write
+   copy). When the pool has no free block the *newest* running sequence is preempted (recompute: its
+   blocks are freed and it goes back to the waiting queue, ahead of every request that never ran) and
+   the append retried; a sequence may preempt itself.
+2. *prefill chunks* of running sequences still computing their prompt, oldest first, each as many
+   tokens as the budget leaves.
+3. *admission*: waiting sequences in priority order (FCFS; a preempted one is older than any new one)
+   while the allocator can hold them, seats and budget remain; the head of the queue blocks the rest.
+
+"Oldest" is :attr:`Sequence.priority`, ``(request_id, child_index)``. With prefix caching, prompts are
+allocated with ``publish=False`` and their full blocks published (:meth:`update`) only once their K/V
+is computed, so no request can hit a block whose K/V is not written yet (vLLM #7822). The block manager
+never reports a whole prompt cached, so the last prompt token is always computed for its logits.
+
+:meth:`update`, after the engine ran the step and sampled, advances the computed counts, forks the
+children of a parallel-sampling request whose prefill just completed (they share its blocks;
+copy-on-write separates them as they append), appends sampled tokens, and finishes sequences, freeing
+their blocks at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
+from pagedbench.refengine.errors import OutOfBlocksError
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopy:
+    """A copy-on-write copy to apply to the KV pool (every layer, K and V) before the step runs."""
+
+    src: int  # physical block id to copy from
+    dst: int  # physical block id to copy to
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """``num_tokens`` tokens of ``seq`` computed this step, positions ``[start, start + num_tokens)``."""
+
+    seq: Sequence
+    start: int  # first position computed (== seq.num_computed_tokens when scheduled)
+    num_tokens: int  # >= 1
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the sequence's last token (so its logits give the next token)."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...]  # in batch order: decodes, then prefill chunks, then admissions
+    copies: tuple[BlockCopy, ...]  # copy-on-write copies, to apply before the model runs
+    preempted_seq_ids: tuple[int, ...]  # sequences preempted while planning this step
+    num_batched_tokens: int  # sum of the chunks' num_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class StopRule:
+    """When a sequence finishes (besides its own SamplingParams)."""
+
+    eos_token_ids: frozenset[int]  # the model's EOS ids ("eos" unless ignore_eos)
+    max_model_len: int  # a sequence may hold at most this many computed tokens
+
+
+class Scheduler:
+    """Plans steps over ``block_manager`` (a BlockManager or a ContiguousBlockManager).
+
+    A sequence forks its ``pending_children`` when its prefill completes; the engine gives children to
+    fork only with an allocator that can fork (paged), otherwise it queues every child on its own.
+    """
+
+    def __init__(self, block_manager, *, max_num_seqs: int, max_num_batched_tokens: int, stop: StopRule,
+                 prefix_caching: bool) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.stop = stop
+        self.prefix_caching = prefix_caching  # allocate with publish=False, publish as computed
+        self.waiting: list[Sequence] = []  # sorted by priority
+        self.running: list[Sequence] = []  # sorted by priority
+        self.num_preemptions = 0
+        self.peak_running = 0
+
+    # --- queue ---------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.priority)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort_all(self) -> None:
+        """Drop every sequence (after a failed step): running ones give their blocks back."""
+        for seq in self.running:
+            self.block_manager.free(seq.seq_id)
+            seq.status = SequenceStatus.FINISHED
+        for seq in self.waiting:
+            seq.status = SequenceStatus.FINISHED
+        self.running.clear()
+        self.waiting.clear()
+
+    # --- planning ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        chunks: list[ScheduledChunk] = []
+        copies: list[BlockCopy] = []
+        preempted: list[int] = []
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:  # 1. decodes
+            seq = self.running[i]
+            if seq.num_uncomputed_tokens != 1:
+                i += 1
+                continue
+            if seq.needs_append and not self._append(seq, copies, preempted):
+                continue  # seq preempted itself: running[i] is now the next one
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
+            budget -= 1
+            i += 1
+        for seq in self.running:  # 2. prefill chunks
+            if budget == 0:
+                break
+            if seq.num_uncomputed_tokens > 1:
+                n = min(seq.num_uncomputed_tokens, budget)
+                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                budget -= n
+        budget = self._admit(chunks, budget)  # 3. admission
+        if not chunks and self.has_unfinished():
+            raise RuntimeError(
+                f"scheduler made no progress: {len(self.waiting)} waiting, {len(self.running)} running, "
+                f"{self.block_manager.num_free_blocks} free blocks (a request larger than the pool?)")
+        self.peak_running = max(self.peak_running, len(self.running))
+        return SchedulerOutput(tuple(chunks), tuple(copies), tuple(preempted),
+                               self.max_num_batched_tokens - budget)
+
+    def _append(self, seq: Sequence, copies: list[BlockCopy], preempted: list[int]) -> bool:
+        """Room for seq's last token, preempting the newest running sequences as needed.
+
+        Returns False when ``seq`` itself had to be preempted.
+        """
+        while True:
+            try:
+                pairs = self.block_manager.append_token(seq.seq_id, seq.token_ids[-1])
+            except OutOfBlocksError:
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    return False
+                continue
+            seq.num_table_tokens += 1
+            copies.extend(BlockCopy(src, dst) for src, dst in pairs)
+            return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.num_table_tokens = seq.num_admitted_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        bm = self.block_manager
+        seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if seats + seq.seats > self.max_num_seqs or not bm.can_allocate(seq.num_tokens):
+                break
+            try:
+                if self.prefix_caching:
+                    cached = bm.allocate(seq.seq_id, seq.token_ids, publish=False)
+                else:
+                    cached = bm.allocate(seq.seq_id, seq.token_ids)
+            except OutOfBlocksError:
+                break
+            self.waiting.pop(0)
+            seats += seq.seats
+            seq.status = SequenceStatus.RUNNING
+            seq.num_table_tokens = seq.num_admitted_tokens = seq.num_tokens
+            seq.num_computed_tokens = cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+            bisect.insort(self.running, seq, key=lambda s: s.priority)
+            n = min(seq.num_uncomputed_tokens, budget)
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+            budget -= n
+        return budget
+
+    # --- after the step ------------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: Mapping[int, int]) -> list[Sequence]:
+        """Record a finished step; ``sampled`` maps seq_id -> new token for every sequence that sampled
+        (including the children of a just-prefilled parallel-sampling request). Returns the sequences
+        that finished (their blocks already freed)."""
+        bm = self.block_manager
+        by_id: dict[int, Sequence] = {}
+        for chunk in out.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            if self.prefix_caching and chunk.start < seq.num_admitted_tokens:
+                bm.publish_blocks(seq.seq_id, chunk.end)  # a prefill chunk: its full blocks now hold K/V
+            by_id[seq.seq_id] = seq
+            if chunk.samples and seq.pending_children:
+                for child in seq.pending_children:
+                    bm.fork(seq.seq_id, child.seq_id)
+                    child.status = SequenceStatus.RUNNING
+                    child.num_computed_tokens = child.num_table_tokens = seq.num_computed_tokens
+                    bisect.insort(self.running, child, key=lambda s: s.priority)
+                    by_id[child.seq_id] = child
+                seq.pending_children = []
+        finished = []
+        for seq_id, token in sampled.items():
+            seq = by_id[seq_id]
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                bm.free(seq.seq_id)
+                self.running.remove(seq)
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+                finished.append(seq)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.stop.eos_token_ids:
+            return "eos"
+        if token in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens > self.stop.max_model_len:
+            return "length"
+        return None

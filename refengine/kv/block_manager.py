@@ -1,0 +1,424 @@
+"""The block manager: block tables, reference counts, copy-on-write and the prefix cache.
+
+Each sequence owns a *block table*: the physical block ids holding its tokens in logical order, so
+token ``pos`` lives in slot ``block_table[pos // block_size] * block_size + pos % block_size``::
+
+    seq "a", 7 tokens, block_size 4      block table [5, 2]
+    logical block 0: tokens 0-3  ->  physical block 5, slots 20..23
+    logical block 1: tokens 4-6  ->  physical block 2, slots  8..10 (slot 11 free: internal fragmentation)
+
+A block is shared by every table that holds it (``ref_count``). A shared block is never written: an
+append into a shared, partial last block first moves the writer to a fresh block and reports the
+``(src, dst)`` copy the caller must apply to the KV data (:meth:`BlockManager._copy_on_write_last_block`,
+the one copy-on-write hook).
+
+Prefix caching (``enable_prefix_caching=True``): a full block is *published* under a chained SHA-256
+hash of (parent hash, its token ids), rooted at the request's ``cache_salt`` (:mod:`refengine.prefix_hash`).
+A new prompt reuses the longest chain of published blocks whose tokens *and* parent verify (a hash
+collision can never serve another prompt's KV), but never its last token: at most
+``(len(prompt) - 1) // block_size`` blocks are hits, so a fully cached prompt still computes the last
+block and with it the last token's logits (vLLM does the same). With ``allocate(..., publish=False)``
+blocks enter the cache only through :meth:`publish_blocks`, once their KV is written (vLLM #7822); a
+block filled by :meth:`append_token` is cached when it becomes full, if every earlier token is written.
+
+Free blocks sit in two O(1) intrusive queues (:mod:`refengine.free_block_queue`): uncached blocks,
+and *cached* blocks (published KV, no table holds them), which stay reusable by a prefix hit. A fresh
+block is taken from the uncached queue first (FIFO); only when it is empty is the least recently freed
+cached block evicted. A freed sequence's blocks are queued tail first, so a chain's tail is evicted
+before its head. Every failed call raises before changing anything.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections.abc import Hashable, Iterable
+from dataclasses import asdict
+
+from pagedbench.refengine.errors import (
+    DuplicateSequenceError,
+    InvalidArgumentError,
+    OutOfBlocksError,
+    UnknownSequenceError,
+)
+from pagedbench.refengine.kv import prefix_hash
+from pagedbench.refengine.kv.block_manager_checks import (
+    BlockManagerMetrics,
+    check_invariants,
+    compute_metrics,
+)
+from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
+
+__all__ = ["BlockManager", "BlockManagerMetrics"]
+
+_MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
+
+
+class _Sequence:
+    """One sequence's state (mutable, hot)."""
+
+    __slots__ = ("blocks", "chain_hash", "chain_key", "num_computed", "num_published", "salt", "token_ids")
+
+    def __init__(self, blocks: list[KVBlock], token_ids: list[int], salt: object, num_computed: int,
+                 num_published: int, chain_hash: bytes | None, chain_key: object) -> None:
+        self.blocks = blocks  # the block table as block objects, logical order
+        self.token_ids = token_ids  # every token of the sequence (prompt, then appended ones)
+        self.salt = salt  # the request's cache_salt
+        self.num_computed = num_computed  # tokens [0, num_computed) have their KV written (or this step)
+        self.num_published = num_published  # blocks [0, num_published) were looked up or published
+        self.chain_hash = chain_hash  # hash of block num_published - 1 (the salt's root hash at 0)
+        self.chain_key = chain_key  # parent_key for the next published block; None: chain broken
+
+
+class BlockManager:
+    """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
+
+    __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
+                 "_failed_allocations", "_forks", "_free", "_next_content_id", "_num_blocks",
+                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "enable_prefix_caching")
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
+        self._num_blocks = _positive_int("num_blocks", num_blocks)
+        self._block_size = _positive_int("block_size", block_size)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self._blocks = [KVBlock(i) for i in range(self._num_blocks)]
+        self._free = FreeBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
+        self._cached = FreeBlockQueue()  # free blocks holding published KV, LRU first (evictable)
+        self._cache: dict[bytes, KVBlock] = {}  # block hash -> published block (in use or cached)
+        self._seqs: dict[Hashable, _Sequence] = {}
+        self._next_content_id = 1
+        self._prefix_query_tokens = 0  # prompt tokens looked up (successful allocations)
+        self._prefix_hit_tokens = 0  # of those, tokens served from the cache
+        self._evictions = 0  # cached blocks evicted to make room
+        self._copy_on_write_copies = 0  # (src, dst) copies reported
+        self._forks = 0  # successful fork() calls
+        self._failed_allocations = 0  # allocate() calls rejected with OutOfBlocksError
+
+    # --- sizes -----------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no table holds, including cached blocks that can be evicted."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by at least one block table."""
+        return self._num_blocks - len(self._free) - len(self._cached)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks holding published KV (reusable by a prefix hit, evicted when room is needed)."""
+        return len(self._cached)
+
+    # --- the contract ----------------------------------------------------------------------------
+    def allocate(self, seq_id: Hashable, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
+                 publish: bool = True) -> int:
+        """Give a new sequence blocks for its prompt; return the number of tokens served from the cache.
+
+        The returned count is a multiple of ``block_size`` and at most ``len(token_ids) - 1``. With
+        ``publish=False`` the prompt's full blocks are not cached until :meth:`publish_blocks`.
+        Raises OutOfBlocksError (nothing taken) when the blocks the prompt needs are not free.
+        """
+        self._check_new_seq_id(seq_id)
+        tokens = _token_list(token_ids)
+        try:
+            prefix_hash.salt_bytes(cache_salt)
+        except TypeError as e:
+            raise InvalidArgumentError(str(e)) from None
+        bs = self._block_size
+        num_table = -(-len(tokens) // bs)
+        hits: list[KVBlock] = []
+        chain_hash = chain_key = None
+        if self.enable_prefix_caching:
+            hits, chain_hash, chain_key = self._lookup(tokens, cache_salt)
+        num_fresh = num_table - len(hits)
+        available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
+        if num_fresh > available:
+            self._failed_allocations += 1
+            raise OutOfBlocksError(
+                f"sequence {seq_id!r} needs {num_fresh} free blocks ({len(tokens)} tokens, "
+                f"{len(hits)} cached blocks reused) but only {available} are free")
+        for b in hits:
+            if b.ref_count == 0:
+                self._cached.remove(b)
+            b.ref_count += 1
+        blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
+        num_computed = len(tokens) if publish else len(hits) * bs
+        seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key)
+        self._seqs[seq_id] = seq
+        if self.enable_prefix_caching:
+            self._prefix_query_tokens += len(tokens)
+            self._prefix_hit_tokens += len(hits) * bs
+            if publish:
+                self._publish(seq, len(tokens) // bs)
+        return len(hits) * bs
+
+    def append_token(self, seq_id: Hashable, token_id: int) -> list[tuple[int, int]]:
+        """Make room for one more token; return the ``(src, dst)`` block copies copy-on-write needs.
+
+        Raises OutOfBlocksError (nothing changed) when a block is needed and none is free.
+        """
+        seq = self._get(seq_id)
+        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
+            token_id = _token_id(token_id)
+        tokens = seq.token_ids
+        n = len(tokens)
+        bs = self._block_size
+        copy = None
+        if n % bs == 0:
+            if not self._free and not self._cached:
+                raise OutOfBlocksError(
+                    f"sequence {seq_id!r} needs a new block for token {n} but none is free")
+            seq.blocks.append(self._take_fresh())
+        else:
+            copy = self._copy_on_write_last_block(seq)
+        tokens.append(token_id)
+        if seq.num_computed == n:  # the tokens before it are written: this one is written this step
+            seq.num_computed = n + 1
+            if (n + 1) % bs == 0 and self.enable_prefix_caching:
+                self._publish(seq, (n + 1) // bs)
+        return [] if copy is None else [copy]
+
+    def _copy_on_write_last_block(self, seq: _Sequence) -> tuple[int, int] | None:
+        """The copy-on-write hook, called before a token is written into ``seq``'s partial last block.
+
+        If other tables share that block, move ``seq`` to a fresh block and return ``(src, dst)``: the
+        caller copies the KV of ``src`` into ``dst``. Returns None when the block is ``seq``'s alone.
+        Raises OutOfBlocksError, changing nothing, when a copy is needed and no block is free.
+        """
+        last = seq.blocks[-1]
+        if last.ref_count == 1:
+            return None
+        if not self._free and not self._cached:
+            raise OutOfBlocksError(
+                f"copy-on-write of shared block {last.block_id} needs a free block but none is free")
+        fresh = self._take_fresh()
+        last.ref_count -= 1
+        seq.blocks[-1] = fresh
+        self._copy_on_write_copies += 1
+        return (last.block_id, fresh.block_id)
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """Make ``child_id`` share every block of ``parent_id`` (parallel sampling)."""
+        parent = self._get(parent_id)
+        self._check_new_seq_id(child_id)
+        for b in parent.blocks:
+            b.ref_count += 1
+        self._seqs[child_id] = _Sequence(list(parent.blocks), list(parent.token_ids), parent.salt,
+                                         parent.num_computed, parent.num_published, parent.chain_hash,
+                                         parent.chain_key)
+        self._forks += 1
+
+    def free(self, seq_id: Hashable) -> None:
+        """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
+        self._get(seq_id)
+        seq = self._seqs.pop(seq_id)
+        free, cached = self._free, self._cached
+        for b in reversed(seq.blocks):
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                (free if b.block_hash is None else cached).append(b)
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """Physical block ids of the sequence, in logical order (a new list)."""
+        return [b.block_id for b in self._get(seq_id).blocks]
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        return len(self._get(seq_id).token_ids)
+
+    def token_ids(self, seq_id: Hashable) -> list[int]:
+        """Every token of the sequence (a copy)."""
+        return list(self._get(seq_id).token_ids)
+
+    def slot(self, seq_id: Hashable, position: int) -> int:
+        """The KV slot of token ``position``: ``block_table[pos // bs] * bs + pos % bs``."""
+        seq = self._get(seq_id)
+        n = len(seq.token_ids)
+        if type(position) is not int or not 0 <= position < n:
+            raise InvalidArgumentError(f"position must be an int in [0, {n}) for sequence {seq_id!r}, "
+                                       f"got {position!r}")
+        bs = self._block_size
+        return seq.blocks[position // bs].block_id * bs + position % bs
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a prompt of ``num_tokens`` tokens fits in the free blocks (ignoring prefix hits)."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        return -(-num_tokens // self._block_size) <= len(self._free) + len(self._cached)
+
+    def can_append(self, seq_id: Hashable) -> bool:
+        """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""
+        seq = self._get(seq_id)
+        needs_block = len(seq.token_ids) % self._block_size == 0 or seq.blocks[-1].ref_count > 1
+        return not needs_block or bool(self._free) or bool(self._cached)
+
+    def ref_count(self, block_id: int) -> int:
+        if type(block_id) is not int or not 0 <= block_id < self._num_blocks:
+            raise InvalidArgumentError(
+                f"block_id must be an int in [0, {self._num_blocks}), got {block_id!r}")
+        return self._blocks[block_id].ref_count
+
+    def has_sequence(self, seq_id: Hashable) -> bool:
+        try:
+            return seq_id in self._seqs
+        except TypeError:
+            return False
+
+    def publish_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Mark the first ``num_tokens`` tokens' KV written; cache every full block they cover.
+
+        Call it as chunked prefill writes the prompt (after ``allocate(..., publish=False)``). Blocks
+        that later fill through :meth:`append_token` are cached only once every earlier token is written.
+        """
+        seq = self._get(seq_id)
+        n = len(seq.token_ids)
+        if type(num_tokens) is not int or not 0 <= num_tokens <= n:
+            raise InvalidArgumentError(f"num_tokens must be an int in [0, {n}] for sequence {seq_id!r}, "
+                                       f"got {num_tokens!r}")
+        if num_tokens > seq.num_computed:
+            seq.num_computed = num_tokens
+        if self.enable_prefix_caching:
+            self._publish(seq, num_tokens // self._block_size)
+
+    def free_block_ids(self) -> list[int]:
+        """Free block ids in the order fresh blocks are taken: uncached FIFO, then cached LRU first."""
+        return self._free.block_ids() + self._cached.block_ids()
+
+    def metrics(self) -> BlockManagerMetrics:
+        return compute_metrics(self)
+
+    def metrics_dict(self) -> dict[str, int]:
+        return asdict(self.metrics())
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant (see refengine.block_manager_checks)."""
+        check_invariants(self)
+
+    def __repr__(self) -> str:
+        return (f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
+                f"prefix_caching={self.enable_prefix_caching}, sequences={len(self._seqs)}, "
+                f"free={self.num_free_blocks}, cached={len(self._cached)})")
+
+    # --- internals -------------------------------------------------------------------------------
+    def _get(self, seq_id: Hashable) -> _Sequence:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(
+                f"unknown sequence {seq_id!r} (never allocated, or already freed)") from None
+        except TypeError:
+            raise InvalidArgumentError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+
+    def _check_new_seq_id(self, seq_id: Hashable) -> None:
+        if seq_id is None:
+            raise InvalidArgumentError("seq_id must not be None")
+        try:
+            exists = seq_id in self._seqs
+        except TypeError:
+            raise InvalidArgumentError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+        if exists:
+            raise DuplicateSequenceError(f"sequence {seq_id!r} is already allocated")
+
+    def _take_fresh(self) -> KVBlock:
+        """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""
+        if self._free:
+            b = self._free.popleft()
+        else:
+            b = self._cached.popleft()
+            del self._cache[b.block_hash]
+            b.clear_cache_entry()
+            self._evictions += 1
+        b.ref_count = 1
+        return b
+
+    def _lookup(self, tokens: list[int], salt: object) -> tuple[list[KVBlock], bytes, object]:
+        """The longest verified chain of published blocks for a prompt (never its last token)."""
+        bs = self._block_size
+        h = prefix_hash.root_hash(salt)
+        key: object = ("root", salt)
+        hits: list[KVBlock] = []
+        cache = self._cache
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            nh = prefix_hash.block_hash(h, chunk)
+            b = cache.get(nh)
+            if b is None or b.token_ids != chunk or b.parent_key != key:  # miss, or a hash collision
+                break
+            hits.append(b)
+            h, key = nh, b.content_id
+        return hits, h, key
+
+    def _publish(self, seq: _Sequence, upto_blocks: int) -> None:
+        """Publish ``seq``'s full blocks [num_published, upto_blocks) (an already cached twin is kept)."""
+        i = seq.num_published
+        if i >= upto_blocks:
+            return
+        h, key = seq.chain_hash, seq.chain_key
+        if key is None:  # the chain met a hash collision: publish nothing more
+            seq.num_published = upto_blocks
+            return
+        bs, cache, tokens = self._block_size, self._cache, seq.token_ids
+        while i < upto_blocks:
+            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            nh = prefix_hash.block_hash(h, chunk)
+            existing = cache.get(nh)
+            if existing is None:
+                b = seq.blocks[i]
+                b.block_hash, b.parent_hash, b.token_ids, b.parent_key = nh, h, chunk, key
+                b.content_id = self._next_content_id
+                self._next_content_id += 1
+                cache[nh] = b
+                key = b.content_id
+            elif existing.token_ids == chunk and existing.parent_key == key:
+                key = existing.content_id  # the same KV is cached already (maybe in another block)
+            else:  # a collision: never let this chain's children point under another prompt's block
+                key = None
+                i = upto_blocks
+                break
+            h = nh
+            i += 1
+        seq.num_published, seq.chain_hash, seq.chain_key = i, h, key
+
+
+def _positive_int(name: str, value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _token_id(token_id: object) -> int:
+    try:
+        t = operator.index(token_id)
+    except TypeError:
+        raise InvalidArgumentError(f"token id must be an int, got {type(token_id).__name__}") from None
+    if not 0 <= t < _MAX_TOKEN:
+        raise InvalidArgumentError(f"token id must be in [0, 2**63), got {t}")
+    return t
+
+
+def _token_list(token_ids: Iterable[int]) -> list[int]:
+    """The prompt as a new list of ints, validated at C speed (``array`` does the checks)."""
+    if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+    tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
+    try:
+        words = array("q", tokens)  # raises on a non-int or an id outside int64
+    except TypeError:
+        raise InvalidArgumentError("token_ids must be a sequence of ints") from None
+    except OverflowError:
+        raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63") from None
+    if not tokens:
+        raise InvalidArgumentError("a prompt needs at least 1 token, got 0")
+    if min(words) < 0:
+        raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {min(words)}")
+    if type(tokens[0]) is not int or type(tokens[-1]) is not int:  # numpy or torch scalars: plain ints
+        tokens = words.tolist()
+    return tokens

@@ -1,0 +1,102 @@
+"""The scheduler's exact decisions, driven without a model (sampled tokens are made up): FCFS admission,
+chunked prefill under the token budget with decodes first, the newest sequence preempted and re-queued
+ahead of new requests, blocks freed the step a request finishes, seats for the children a
+parallel-sampling request will fork, and copy-on-write copies reported when forked children append."""
+
+from __future__ import annotations
+
+from pagedbench.refengine import BlockManager, SamplingParams
+from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
+from pagedbench.refengine.engine.sequence import Sequence
+
+
+def make_scheduler(num_blocks: int, block_size: int, *, max_num_seqs=8, max_num_batched_tokens=64):
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+    return bm, Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         stop=StopRule(frozenset(), 64), prefix_caching=True)
+
+
+def make_seq(seq_id: int, prompt_len: int, *, max_tokens: int = 4, n: int = 1, request_id=None):
+    params = SamplingParams(max_tokens=max_tokens, n=n, ignore_eos=True)
+    rid = seq_id if request_id is None else request_id
+    prompt = [(seq_id * 7 + i) % 100 for i in range(prompt_len)]  # distinct per sequence: no prefix hits
+    return Sequence(seq_id, rid, 0, prompt, prompt_len, params, None)
+
+
+def run_step(sched, token: int = 1):
+    out = sched.schedule()
+    sampled = {}
+    for c in out.chunks:
+        if c.samples:
+            for s in (c.seq, *c.seq.pending_children):
+                sampled[s.seq_id] = token
+    return out, sched.update(out, sampled)
+
+
+def plan(out) -> list[tuple[int, int, int]]:
+    return [(c.seq.seq_id, c.start, c.num_tokens) for c in out.chunks]
+
+
+def test_scheduler_fcfs_chunked_decodes_first():
+    _, sched = make_scheduler(32, 4, max_num_batched_tokens=6)
+    for seq_id, n in ((0, 4), (1, 7), (2, 2)):
+        sched.add(make_seq(seq_id, n))
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 4), (1, 0, 2)]  # seq 1 chunked to the 2 tokens left; seq 2 waits
+    assert [s.seq_id for s in sched.waiting] == [2]
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 4, 1), (1, 2, 5)]  # the decode first, then the rest of seq 1's prompt
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 5, 1), (1, 7, 1), (2, 0, 2)]  # two decodes, then seq 2 admitted
+    assert out.num_batched_tokens == 4
+
+
+def test_scheduler_preempts_newest_and_requeues_it_first():
+    bm, sched = make_scheduler(6, 2)
+    for seq_id, n in ((0, 4), (1, 4), (2, 3)):  # 2 + 2 + 2 blocks: the pool is full
+        sched.add(make_seq(seq_id, n))
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 4), (1, 0, 4), (2, 0, 3)] and bm.num_free_blocks == 0
+    sched.add(make_seq(3, 2))  # a new request arrives behind them
+    out, _ = run_step(sched)
+    # seq 0 needs a block for its 5th token: seq 2 (the newest) is preempted; seq 1 takes seq 2's other block
+    assert out.preempted_seq_ids == (2,) and plan(out) == [(0, 4, 1), (1, 4, 1)]
+    assert [s.seq_id for s in sched.waiting] == [2, 3]  # the preempted one ahead of the new one
+    victim = sched.waiting[0]
+    assert victim.num_computed_tokens == 0 and not bm.has_sequence(2)
+    assert victim.token_ids == [(2 * 7 + i) % 100 for i in range(3)] + [1]  # prompt + its generated token
+    assert sched.num_preemptions == 1
+
+
+def test_scheduler_frees_finished_blocks_at_once():
+    bm, sched = make_scheduler(16, 4)
+    sched.add(make_seq(0, 5, max_tokens=1))
+    sched.add(make_seq(1, 5, max_tokens=2))
+    _, finished = run_step(sched)
+    assert [s.seq_id for s in finished] == [0] and finished[0].finish_reason == "length"
+    assert not bm.has_sequence(0) and bm.num_used_blocks == 2 and [s.seq_id for s in sched.running] == [1]
+
+
+def test_scheduler_seats_and_forks():
+    bm, sched = make_scheduler(32, 4, max_num_seqs=4)
+    parent = make_seq(0, 6, n=3)
+    parent.pending_children = [make_seq(10 + i, 6, n=3, request_id=0) for i in range(2)]
+    for i, child in enumerate(parent.pending_children):
+        child.child_index = i + 1
+        child.token_ids = list(parent.token_ids)
+    sched.add(parent)
+    sched.add(make_seq(1, 3))
+    sched.add(make_seq(2, 3))
+    out, _ = run_step(sched)
+    # the parent takes 3 seats (itself + 2 children), seq 1 the 4th; seq 2 waits for a seat
+    assert plan(out) == [(0, 0, 6), (1, 0, 3)] and [s.seq_id for s in sched.waiting] == [2]
+    assert [s.seq_id for s in sched.running] == [0, 10, 11, 1]
+    assert [bm.ref_count(b) for b in bm.block_table(0)] == [3, 3]
+    assert bm.block_table(10) == bm.block_table(0)
+    shared = bm.block_table(0)[1]  # the prompt's partial last block, held by all three
+    out, _ = run_step(sched)
+    # the first two writers copy it away (copy-on-write); the last one keeps it, now unshared
+    copies = [(c.src, c.dst) for c in out.copies]
+    assert copies == [(shared, bm.block_table(0)[1]), (shared, bm.block_table(10)[1])]
+    assert bm.block_table(11)[1] == shared and bm.ref_count(shared) == 1
+    assert len({bm.block_table(i)[1] for i in (0, 10, 11)}) == 3
