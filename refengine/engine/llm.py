@@ -23,21 +23,24 @@ request before running anything.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
-from pagedbench.refengine.engine.outputs import CompletionOutput, RequestOutput
-from pagedbench.refengine.engine.scheduler import Scheduler, SchedulerOutput, StopRule
+
+from pagedbench.refengine.engine.core import EngineCore, WallClock
+from pagedbench.refengine.engine.model_executor import ModelExecutor
+from pagedbench.refengine.engine.request import Request
+from pagedbench.refengine.engine.sampling_params import SamplingParams
+from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
 from pagedbench.refengine.kv.contiguous import ContiguousBlockManager
-from pagedbench.refengine.model.attention_backend import AttentionMetadata
 from pagedbench.refengine.model.config import resolve_dtype
 from pagedbench.refengine.model.loader import LoadedModel, load_model
-from pagedbench.refengine.model.sampling import SamplingParams, child_generator, derive_seed, sample_token
 
 ALLOCATORS = ("paged", "contiguous")
 
@@ -112,10 +115,10 @@ class LLM:
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
             prefix_caching=self.enable_prefix_caching)
         self.check_invariants = bool(check_invariants)
-        self._kv_caches = self.pool.kv_caches()
+        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size)
+        self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
+                               seed=seed, make_generator=self.executor.make_generator)
         self._recorder = StatsRecorder()
-        self._next_request_id = 0
-        self._next_seq_id = 0
 
     # --- public ------------------------------------------------------------------------------------
     @property
@@ -140,8 +143,7 @@ class LLM:
         for r in requests:
             if r.error is None:
                 self._recorder.prompt_tokens(len(r.prompt_token_ids))
-                for seq in r.queued:
-                    self.scheduler.add(seq)
+                self.core.add(r)
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -153,7 +155,7 @@ class LLM:
                 if bar is not None:
                     bar.update(len(finished))
         except BaseException:
-            self.scheduler.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
+            self.core.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
             raise
         finally:
             if bar is not None:
@@ -163,60 +165,15 @@ class LLM:
 
     def step(self) -> list[Sequence]:
         """Run one engine step; returns the sequences that finished in it."""
-        out = self.scheduler.schedule()
-        if out.copies:
-            self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])
-        sampled = self._run(out)
-        finished = self.scheduler.update(out, sampled)
-        self._recorder.step(out, len(sampled), self.scheduler, self.block_manager)
+        report = self.core.step()
+        self._recorder.step(report.output, len(report.sampled), self.scheduler, self.block_manager)
         if self.check_invariants:
             self.block_manager.check_invariants()
-        return finished
-
-    # --- the step ----------------------------------------------------------------------------------
-    def _run(self, out: SchedulerOutput) -> dict[int, int]:
-        """Run the model on the step's tokens and sample; returns seq_id -> new token."""
-        bm, bs = self.block_manager, self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        tables, seq_lens, query_lens = [], [], []
-        for chunk in out.chunks:
-            seq, table = chunk.seq, bm.block_table(chunk.seq.seq_id)
-            input_ids.extend(seq.token_ids[chunk.start:chunk.end])
-            positions.extend(range(chunk.start, chunk.end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.start, chunk.end))
-            tables.append(table)
-            seq_lens.append(chunk.end)
-            query_lens.append(chunk.num_tokens)
-        device = self.model.device
-        meta = AttentionMetadata.build(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-                                       query_lens=query_lens, device=device)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=device)
-        hidden = self.model.forward(ids, pos, meta, self._kv_caches)
-        rows = [i for i, c in enumerate(out.chunks) if c.samples]
-        if not rows:
-            return {}
-        last = meta.last_token_indices()[torch.tensor(rows, device=device)]
-        logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
-        greedy = logits.argmax(dim=-1).tolist()  # one batched argmax serves every greedy sequence
-        cpu_logits = None
-        sampled: dict[int, int] = {}
-        for row, i in enumerate(rows):
-            seq = out.chunks[i].seq
-            for s in (seq, *seq.pending_children):
-                if s.params.greedy:
-                    sampled[s.seq_id] = greedy[row]
-                    continue
-                if cpu_logits is None:
-                    cpu_logits = logits.cpu()
-                sampled[s.seq_id] = sample_token(cpu_logits[row], s.params, s.generator)
-        return sampled
+        return list(report.finished)
 
     # --- requests ----------------------------------------------------------------------------------
     def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise InvalidArgumentError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
@@ -236,27 +193,15 @@ class LLM:
                     f"sampling_params[{i}] must be SamplingParams, got {type(sp).__name__}")
         return list(prompts), params
 
-    def _make_request(self, prompt, params: SamplingParams) -> _Request:
-        request_id = self._next_request_id
-        self._next_request_id += 1
+    def _make_request(self, prompt, params: SamplingParams) -> Request:
+        prompt, salt, error = _unpack_prompt(prompt)
         text = prompt if isinstance(prompt, str) else None
-        ids, error = self._tokens(prompt)
+        ids: list[int] = []
+        if error is None:
+            ids, error = self._tokens(prompt)
         if error is None:
             error = self._check_request(ids, params)
-        req = _Request(request_id, tuple(ids), text, params, error)
-        if error is not None:
-            return req
-        base = params.seed if params.seed is not None else derive_seed(self.seed, request_id)
-        for i in range(params.n):
-            gen = None if params.greedy else child_generator(base, i)
-            req.children.append(Sequence(self._next_seq_id, request_id, i, list(ids), len(ids), params, gen))
-            self._next_seq_id += 1
-        if self.allocator == "paged":  # children fork from child 0 after its prefill
-            req.children[0].pending_children = req.children[1:]
-            req.queued = req.children[:1]
-        else:  # no sharing: every child computes the prompt itself
-            req.queued = list(req.children)
-        return req
+        return self.core.new_request(ids, params, prompt=text, error=error, cache_salt=salt)
 
     def _tokens(self, prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -302,27 +247,23 @@ class LLM:
                                "blocks still held after generate")
 
 
-class _Request:
-    """One prompt of a generate call: its children and, once done, its output."""
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
-    __slots__ = ("children", "error", "params", "prompt", "prompt_token_ids", "queued", "request_id")
 
-    def __init__(self, request_id: int, prompt_token_ids: tuple[int, ...], prompt: str | None,
-                 params: SamplingParams, error: str | None) -> None:
-        self.request_id = request_id
-        self.prompt_token_ids = prompt_token_ids
-        self.prompt = prompt
-        self.params = params
-        self.error = error
-        self.children: list[Sequence] = []
-        self.queued: list[Sequence] = []  # the sequences given to the scheduler
-
-    def output(self, tokenizer) -> RequestOutput:
-        outs = []
-        for s in self.children:
-            ids = list(s.output_token_ids)
-            text = tokenizer.decode(ids) if tokenizer is not None else None
-            outs.append(CompletionOutput(ids, s.finish_reason, index=s.child_index, text=text))
-        cached = self.children[0].num_cached_tokens if self.children else 0
-        return RequestOutput(self.request_id, list(self.prompt_token_ids), outs, cached or 0,
-                             self.prompt, self.error)
+def _unpack_prompt(prompt) -> tuple[object, str | None, str | None]:
+    """``(prompt, cache_salt, error)`` from a prompt: token ids, a string, or a dict as vLLM takes it,
+    ``{"prompt_token_ids": [...]}`` or ``{"prompt": "text"}``, with an optional ``"cache_salt"``."""
+    if not isinstance(prompt, Mapping):
+        return prompt, None, None
+    unknown = sorted(set(prompt) - _PROMPT_KEYS, key=str)
+    if unknown:
+        return None, None, f"unknown prompt keys {unknown}; expected {sorted(_PROMPT_KEYS)}"
+    if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        return None, None, "a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'"
+    salt = prompt.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        return None, None, f"cache_salt must be a non-empty string, got {salt!r}"
+    body = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+    if "prompt" in prompt and not isinstance(body, str):
+        return None, None, f"'prompt' must be a string, got {type(body).__name__}"
+    return body, salt, None

@@ -3,6 +3,8 @@
 Each :meth:`Scheduler.schedule` call plans one step under two limits, ``max_num_seqs`` running
 sequences and ``max_num_batched_tokens`` tokens computed, in this order:
 
+With ``policy="mixed"`` (today's vLLM, chunked prefill) one step holds, in this order:
+
 1. *decodes*: running sequences with one token left to compute, oldest first. A sequence whose last
    sampled token has no room yet gets it now (``append_token``, which may ask for a copy-on-write
    copy). When the pool has no free block the *newest* running sequence is preempted (recompute: its
@@ -10,8 +12,13 @@ sequences and ``max_num_batched_tokens`` tokens computed, in this order:
    the append retried; a sequence may preempt itself.
 2. *prefill chunks* of running sequences still computing their prompt, oldest first, each as many
    tokens as the budget leaves.
-3. *admission*: waiting sequences in priority order (FCFS; a preempted one is older than any new one)
-   while the allocator can hold them, seats and budget remain; the head of the queue blocks the rest.
+3. *admission*: waiting sequences in priority order (FCFS; a preempted one is older than any new one,
+   so preempted sequences resume first, in arrival order) while the allocator can hold them, seats and
+   budget remain; the head of the queue blocks the rest. The allocator counts prefix-cache hits (only
+   the blocks a prompt must take are needed) and keeps ``watermark_blocks`` free for running sequences.
+
+With ``policy="separate"`` (vLLM v0.1, the paper's system) a step is either prompts or decodes: prefill
+chunks of running sequences and admissions first, and only when there are none, every decode.
 
 "Oldest" is :attr:`Sequence.priority`, ``(request_id, child_index)``. With prefix caching, prompts are
 allocated with ``publish=False`` and their full blocks published (:meth:`update`) only once their K/V
@@ -31,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
-from pagedbench.refengine.errors import OutOfBlocksError
+from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +94,23 @@ class Scheduler:
     fork only with an allocator that can fork (paged), otherwise it queues every child on its own.
     """
 
+    POLICIES = ("mixed", "separate")
+
     def __init__(self, block_manager, *, max_num_seqs: int, max_num_batched_tokens: int, stop: StopRule,
-                 prefix_caching: bool) -> None:
+                 prefix_caching: bool, policy: str = "mixed", watermark_blocks: int = 0) -> None:
+        if policy not in self.POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {self.POLICIES}, got {policy!r}")
+        if type(watermark_blocks) is not int or watermark_blocks < 0:
+            raise InvalidArgumentError(f"watermark_blocks must be an int >= 0, got {watermark_blocks!r}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stop = stop
         self.prefix_caching = prefix_caching  # allocate with publish=False, publish as computed
+        self.policy = policy
+        self.watermark_blocks = watermark_blocks
+        # Orca's Pow2 and Oracle reservations size themselves by the request's output length
+        self._wants_output_len = bool(getattr(block_manager, "reserves_by_output_len", False))
         self.waiting: list[Sequence] = []  # sorted by priority
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
@@ -123,6 +140,25 @@ class Scheduler:
         copies: list[BlockCopy] = []
         preempted: list[int] = []
         budget = self.max_num_batched_tokens
+        if self.policy == "separate":
+            budget = self._prefill_chunks(chunks, budget)
+            budget = self._admit(chunks, budget)
+            if not chunks:
+                budget = self._decodes(chunks, copies, preempted, budget)
+        else:
+            budget = self._decodes(chunks, copies, preempted, budget)
+            budget = self._prefill_chunks(chunks, budget)
+            budget = self._admit(chunks, budget)
+        if not chunks and self.has_unfinished():
+            raise RuntimeError(
+                f"scheduler made no progress: {len(self.waiting)} waiting, {len(self.running)} running, "
+                f"{self.block_manager.num_free_blocks} free blocks (a request larger than the pool?)")
+        self.peak_running = max(self.peak_running, len(self.running))
+        return SchedulerOutput(tuple(chunks), tuple(copies), tuple(preempted),
+                               self.max_num_batched_tokens - budget)
+
+    def _decodes(self, chunks: list[ScheduledChunk], copies: list[BlockCopy], preempted: list[int],
+                 budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:  # 1. decodes
             seq = self.running[i]
@@ -134,21 +170,17 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             budget -= 1
             i += 1
-        for seq in self.running:  # 2. prefill chunks
+        return budget
+
+    def _prefill_chunks(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        for seq in self.running:
             if budget == 0:
                 break
             if seq.num_uncomputed_tokens > 1:
                 n = min(seq.num_uncomputed_tokens, budget)
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n
-        budget = self._admit(chunks, budget)  # 3. admission
-        if not chunks and self.has_unfinished():
-            raise RuntimeError(
-                f"scheduler made no progress: {len(self.waiting)} waiting, {len(self.running)} running, "
-                f"{self.block_manager.num_free_blocks} free blocks (a request larger than the pool?)")
-        self.peak_running = max(self.peak_running, len(self.running))
-        return SchedulerOutput(tuple(chunks), tuple(copies), tuple(preempted),
-                               self.max_num_batched_tokens - budget)
+        return budget
 
     def _append(self, seq: Sequence, copies: list[BlockCopy], preempted: list[int]) -> bool:
         """Room for seq's last token, preempting the newest running sequences as needed.
@@ -183,13 +215,17 @@ class Scheduler:
         seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if seats + seq.seats > self.max_num_seqs or not bm.can_allocate(seq.num_tokens):
+            if seats + seq.seats > self.max_num_seqs:
                 break
-            try:
-                if self.prefix_caching:
-                    cached = bm.allocate(seq.seq_id, seq.token_ids, publish=False)
-                else:
-                    cached = bm.allocate(seq.seq_id, seq.token_ids)
+            kwargs = {}
+            if self.prefix_caching:
+                kwargs = {"publish": False, "cache_salt": seq.cache_salt}
+            if self.watermark_blocks:
+                kwargs["reserve_free_blocks"] = self.watermark_blocks
+            if self._wants_output_len:
+                kwargs["output_len"] = seq.params.max_tokens - seq.num_output_tokens
+            try:  # a refused allocation changes nothing
+                cached = bm.allocate(seq.seq_id, seq.token_ids, **kwargs)
             except OutOfBlocksError:
                 break
             self.waiting.pop(0)
@@ -215,8 +251,8 @@ class Scheduler:
         for chunk in out.chunks:
             seq = chunk.seq
             seq.num_computed_tokens = chunk.end
-            if self.prefix_caching and chunk.start < seq.num_admitted_tokens:
-                bm.publish_blocks(seq.seq_id, chunk.end)  # a prefill chunk: its full blocks now hold K/V
+            if self.prefix_caching:  # the step wrote these tokens' K/V: their full blocks may be cached
+                bm.publish_blocks(seq.seq_id, chunk.end)
             by_id[seq.seq_id] = seq
             if chunk.samples and seq.pending_children:
                 for child in seq.pending_children:

@@ -47,6 +47,8 @@ class Sequence:
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache served at first admission
     num_preemptions: int = 0  # how many times this sequence was preempted
     finish_reason: str | None = None  # set when FINISHED
+    cache_salt: str | None = None  # prefix-cache namespace: only equal salts share cached blocks
+    finish_s: float | None = None  # the engine clock when it finished
     # children still to be forked from this one when its prompt's prefill completes (parallel sampling)
     pending_children: list[Sequence] = field(default_factory=list)
 

@@ -18,8 +18,10 @@ A new prompt reuses the longest chain of published blocks whose tokens *and* par
 collision can never serve another prompt's KV), but never its last token: at most
 ``(len(prompt) - 1) // block_size`` blocks are hits, so a fully cached prompt still computes the last
 block and with it the last token's logits (vLLM does the same). With ``allocate(..., publish=False)``
-blocks enter the cache only through :meth:`publish_blocks`, once their KV is written (vLLM #7822); a
-block filled by :meth:`append_token` is cached when it becomes full, if every earlier token is written.
+blocks enter the cache only through :meth:`publish_blocks`, once their KV is written (vLLM #7822), the
+blocks that later fill through :meth:`append_token` included: a step that fails before its KV is
+written leaves nothing in the cache. With the default ``publish=True`` (a caller writing KV as it goes)
+a block filled by :meth:`append_token` is cached when it becomes full, if every earlier token is written.
 
 Free blocks sit in two O(1) intrusive queues (:mod:`refengine.free_block_queue`): uncached blocks,
 and *cached* blocks (published KV, no table holds them), which stay reusable by a prefix hit. A fresh
@@ -57,10 +59,11 @@ _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 class _Sequence:
     """One sequence's state (mutable, hot)."""
 
-    __slots__ = ("blocks", "chain_hash", "chain_key", "num_computed", "num_published", "salt", "token_ids")
+    __slots__ = ("auto_publish", "blocks", "chain_hash", "chain_key", "num_computed", "num_published", "salt",
+                 "token_ids")
 
     def __init__(self, blocks: list[KVBlock], token_ids: list[int], salt: object, num_computed: int,
-                 num_published: int, chain_hash: bytes | None, chain_key: object) -> None:
+                 num_published: int, chain_hash: bytes | None, chain_key: object, auto_publish: bool) -> None:
         self.blocks = blocks  # the block table as block objects, logical order
         self.token_ids = token_ids  # every token of the sequence (prompt, then appended ones)
         self.salt = salt  # the request's cache_salt
@@ -68,6 +71,10 @@ class _Sequence:
         self.num_published = num_published  # blocks [0, num_published) were looked up or published
         self.chain_hash = chain_hash  # hash of block num_published - 1 (the salt's root hash at 0)
         self.chain_key = chain_key  # parent_key for the next published block; None: chain broken
+        # True: an appended token counts as written at once (its block is cached when full). False
+        # (allocated with publish=False): only publish_blocks marks KV written, after the step that
+        # wrote it, so a step that fails never leaves a cached block without its KV.
+        self.auto_publish = auto_publish
 
 
 class BlockManager:
@@ -120,14 +127,18 @@ class BlockManager:
 
     # --- the contract ----------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
-                 publish: bool = True) -> int:
+                 publish: bool = True, reserve_free_blocks: int = 0) -> int:
         """Give a new sequence blocks for its prompt; return the number of tokens served from the cache.
 
         The returned count is a multiple of ``block_size`` and at most ``len(token_ids) - 1``. With
-        ``publish=False`` the prompt's full blocks are not cached until :meth:`publish_blocks`.
-        Raises OutOfBlocksError (nothing taken) when the blocks the prompt needs are not free.
+        ``publish=False`` no block of the sequence is cached (prompt or later tokens) until
+        :meth:`publish_blocks` says its KV is written. Prefix hits count: only the blocks the prompt
+        must take are needed. Raises OutOfBlocksError (nothing taken) when those blocks are not free,
+        or when taking them would leave fewer than ``reserve_free_blocks`` free (a watermark).
         """
         self._check_new_seq_id(seq_id)
+        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
+            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
         tokens = _token_list(token_ids)
         try:
             prefix_hash.salt_bytes(cache_salt)
@@ -141,18 +152,20 @@ class BlockManager:
             hits, chain_hash, chain_key = self._lookup(tokens, cache_salt)
         num_fresh = num_table - len(hits)
         available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
-        if num_fresh > available:
+        if num_fresh + reserve_free_blocks > available:
             self._failed_allocations += 1
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {num_fresh} free blocks ({len(tokens)} tokens, "
-                f"{len(hits)} cached blocks reused) but only {available} are free")
+                f"{len(hits)} cached blocks reused)"
+                + (f" and {reserve_free_blocks} kept free," if reserve_free_blocks else "")
+                + f" but only {available} are free")
         for b in hits:
             if b.ref_count == 0:
                 self._cached.remove(b)
             b.ref_count += 1
         blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
         num_computed = len(tokens) if publish else len(hits) * bs
-        seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key)
+        seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key, publish)
         self._seqs[seq_id] = seq
         if self.enable_prefix_caching:
             self._prefix_query_tokens += len(tokens)
@@ -181,7 +194,7 @@ class BlockManager:
         else:
             copy = self._copy_on_write_last_block(seq)
         tokens.append(token_id)
-        if seq.num_computed == n:  # the tokens before it are written: this one is written this step
+        if seq.auto_publish and seq.num_computed == n:  # the tokens before it are written: so is this one
             seq.num_computed = n + 1
             if (n + 1) % bs == 0 and self.enable_prefix_caching:
                 self._publish(seq, (n + 1) // bs)
@@ -214,7 +227,7 @@ class BlockManager:
             b.ref_count += 1
         self._seqs[child_id] = _Sequence(list(parent.blocks), list(parent.token_ids), parent.salt,
                                          parent.num_computed, parent.num_published, parent.chain_hash,
-                                         parent.chain_key)
+                                         parent.chain_key, parent.auto_publish)
         self._forks += 1
 
     def free(self, seq_id: Hashable) -> None:

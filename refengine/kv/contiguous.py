@@ -118,6 +118,11 @@ class ContiguousBlockManager:
         self._owner: dict[int, Hashable] = {}  # start block -> seq id
         self._failed_allocations = 0
 
+    @property
+    def reserves_by_output_len(self) -> bool:
+        """Whether :meth:`allocate` needs ``output_len`` (the pow2 and oracle policies)."""
+        return self.policy != "max"
+
     # --- reservations ---------------------------------------------------------------------------
     def _reserve_tokens(self, num_tokens: int, output_len: int | None, reserve_tokens: int | None) -> int:
         if reserve_tokens is not None:

@@ -228,6 +228,58 @@ def test_a_failed_step_leaves_nothing_behind(loaded, monkeypatch):
     assert tokens(llm.generate(prompts, GREEDY)) == want
 
 
+def test_a_failed_step_never_poisons_the_prefix_cache(loaded, monkeypatch):
+    """A step that fails before writing its KV must leave no cached block claiming that KV: later
+    prompts extending the interrupted one generate exactly what a fresh engine generates."""
+    prompt = rand_prompt(5, 7)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    full = prompt + tokens(LLM(loaded, block_size=4, num_blocks=32).generate([prompt], params))[0]
+    extensions = [full[:n] + [3, 1] for n in (9, 13, 17)]  # past each block a decode step filled
+    want = tokens(LLM(loaded, block_size=4, num_blocks=32).generate(extensions, GREEDY))
+    forward = loaded.model.forward
+    for fail_at in range(1, 13):
+        llm = LLM(loaded, block_size=4, num_blocks=32)
+        calls = []
+
+        def failing(*args, fail_at=fail_at, calls=calls):
+            calls.append(1)
+            if len(calls) == fail_at:
+                raise RuntimeError("interrupted")
+            return forward(*args)
+
+        monkeypatch.setattr(llm.model, "forward", failing)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            llm.generate([prompt], params)
+        monkeypatch.setattr(llm.model, "forward", forward)
+        llm.block_manager.check_invariants()
+        assert tokens(llm.generate(extensions, GREEDY)) == want, f"poisoned by a failure at step {fail_at}"
+
+
+def test_cache_salt_isolates_tenants(loaded):
+    """Equal salts share cached prompt blocks; a salted request never hits another salt's (or the
+    unsalted) blocks, so no tenant learns another's prompts through num_cached_tokens."""
+    llm = LLM(loaded, block_size=4, num_blocks=64)
+    shared = rand_prompt(13, 3)
+    first = llm.generate([{"prompt_token_ids": shared, "cache_salt": "tenant-a"}], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    outs = llm.generate([{"prompt_token_ids": shared, "cache_salt": "tenant-a"},
+                         {"prompt_token_ids": shared, "cache_salt": "tenant-b"},
+                         shared], GREEDY)
+    assert [o.num_cached_tokens for o in outs] == [12, 0, 0]
+    assert llm.generate([shared], GREEDY)[0].num_cached_tokens == 12  # the unsalted run above cached it
+    assert tokens(outs) == [first.outputs[0].token_ids] * 3  # salts change sharing, never the output
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ({"prompt_token_ids": [1, 2], "cache_salt": 7}, "cache_salt must be a non-empty string"),
+    ({"prompt_token_ids": [1, 2], "prompt": "x"}, "exactly one of"),
+    ({"prompt_token_ids": [1, 2], "salt": "a"}, "unknown prompt keys"),
+])
+def test_bad_prompt_dicts_are_rejected(loaded, prompt, message):
+    out = LLM(loaded, block_size=4, num_blocks=16).generate([prompt, [1, 2]], GREEDY)
+    assert message in out[0].error and out[1].error is None
+
+
 # --- sizing, dtype, stats -----------------------------------------------------------------------------
 def test_kv_cache_memory_sizes_the_pool(loaded):
     per_block = 2 * 2 * 4 * 2 * 8 * 4  # K and V x layers x block_size x kv heads x head_dim x fp32 bytes
