@@ -66,6 +66,14 @@ def test_prefill_attention_is_quadratic(model_and_cost):
     assert t[8192] / t[4096] == pytest.approx(4, rel=0.01)
 
 
+def test_one_token_chunk_reads_its_context_like_a_decode(model_and_cost):
+    # q=1 after ctx cached tokens is memory-bound on the same ctx+1 KV tokens as a decode step at ctx+1.
+    _, _, cost = model_and_cost
+    as_chunk = cost.time_from_totals_s(1, 1, 0, ((1, 100_000),))
+    as_decode = cost.time_from_totals_s(1, 1, 100_001)
+    assert as_chunk == pytest.approx(as_decode, rel=1e-9)
+
+
 def test_chunked_prefill_pays_for_its_context(model_and_cost):
     _, _, cost = model_and_cost
     whole = cost.step_time_s(StepBatch.of(prefill_chunks=((2048, 0),)))
