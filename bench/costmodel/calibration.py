@@ -65,7 +65,8 @@ def fit_profile(samples: Sequence[StepSample], label: str | None = None) -> Step
     if bad:
         raise ValueError(f"every sample needs seconds > 0, got {bad[:3]}")
     if any(s.batch.num_tokens == 0 for s in samples):
-        raise ValueError("a sample with an empty batch cannot be fitted (an empty step costs 0 by definition)")
+        raise ValueError("a sample with an empty batch cannot be fitted (an empty step costs 0 by "
+                         "definition)")
     rows = np.array([term_row(s.batch) for s in samples])
     seconds = np.array([s.seconds for s in samples])
     coef = _nonnegative_lstsq(rows / seconds[:, None], np.ones(len(samples)))  # rows / y . x ~ 1

@@ -60,7 +60,8 @@ class KvSlotBudget:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return int(self.gpu_memory_utilization * self.memory_bytes) - self.weight_bytes - self.activation_reserve_bytes
+        usable = int(self.gpu_memory_utilization * self.memory_bytes)
+        return usable - self.weight_bytes - self.activation_reserve_bytes
 
     @property
     def num_slots(self) -> int:
@@ -72,7 +73,8 @@ class KvSlotBudget:
         return [
             f"KV slots for {self.model} on {self.hardware}:",
             f"  usable memory   {self.gpu_memory_utilization:.2f} x {self.memory_bytes / gib:.2f} GiB"
-            f" = {self.gpu_memory_utilization * self.memory_bytes / gib:.2f} GiB (vLLM gpu_memory_utilization)",
+            f" = {self.gpu_memory_utilization * self.memory_bytes / gib:.2f} GiB"
+            " (vLLM gpu_memory_utilization)",
             f"  - weights       {self.weight_bytes / gib:.2f} GiB",
             f"  - activations   {self.activation_reserve_bytes / gib:.2f} GiB"
             " (estimated peak of vLLM's profiling forward pass)",

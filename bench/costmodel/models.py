@@ -82,7 +82,8 @@ class ModelProfile:
 
     @property
     def params_per_layer(self) -> int:
-        return self.linear_params_per_layer + _TRAITS[self.architecture].norm_params_per_hidden * self.hidden_size
+        norms = _TRAITS[self.architecture].norm_params_per_hidden * self.hidden_size
+        return self.linear_params_per_layer + norms
 
     @property
     def lm_head_params(self) -> int:

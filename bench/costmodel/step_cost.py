@@ -116,7 +116,8 @@ class StepCostModel:
         if num_tokens == 0:
             return 0.0
         memory_s = self.linear_weights_s + self.linear_mem_s_per_token * num_tokens
-        compute_s = self.linear_compute_s_per_token * num_tokens + self.lm_head_s_per_sampled_token * num_sampled
+        compute_s = (self.linear_compute_s_per_token * num_tokens
+                     + self.lm_head_s_per_sampled_token * num_sampled)
         t = self.fixed_s + (memory_s if memory_s > compute_s else compute_s)
         t += self.decode_attn_s_per_context_token * decode_context_tokens
         per_kv, per_pair = self.prefill_attn_s_per_kv_token, self.prefill_attn_s_per_pair

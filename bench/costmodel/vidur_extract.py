@@ -49,16 +49,19 @@ def main(argv: list[str]) -> None:
                 text = _git(git_dir, "cat-file", "-p", f"HEAD:{path}")
             except subprocess.CalledProcessError:
                 continue  # not profiled on this GPU (Llama-3 on H100)
-            records = [r for r in csv.DictReader(text.splitlines()) if r["num_tensor_parallel_workers"] == "1"]
+            records = [r for r in csv.DictReader(text.splitlines())
+                       if r["num_tensor_parallel_workers"] == "1"]
             for n in NUM_TOKENS:
                 same = [r for r in records if int(r["num_tokens"]) == n]
                 # phi-2 has no post_attention_layernorm column: Vidur counts a missing op as 0 ms.
-                ops = {op: sum(float(r.get(f"time_stats.{op}.median") or 0) for r in same) / len(same) for op in OPS}
+                ops = {op: sum(float(r.get(f"time_stats.{op}.median") or 0) for r in same) / len(same)
+                       for op in OPS}
                 rows.append({"gpu": gpu, "model": model, "vidur_path": path, "num_tokens": n,
                              **{f"{op}_ms": f"{v:.4f}" for op, v in ops.items()}})
     with OUT.open("w", newline="") as f:
-        f.write(f"# Extracted from github.com/microsoft/vidur at commit {commit} (MIT licence, see README.md)\n"
-                "# by bench/costmodel/vidur_extract.py: tensor-parallel degree 1, median ms per layer per op.\n")
+        f.write(f"# Extracted from github.com/microsoft/vidur at commit {commit}"
+                " (MIT licence, see README.md)\n# by bench/costmodel/vidur_extract.py:"
+                " tensor-parallel degree 1, median ms per layer per op.\n")
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -108,7 +108,8 @@ def markdown(record: dict) -> str:
     c = record["coefficients"]
     lines = [
         "# Step-cost roofline vs Vidur's measured linear layers", "",
-        f"Source: {record['source']['repository']} @ {record['source']['commit']} ({record['source']['licence']}).",
+        f"Source: {record['source']['repository']} @ {record['source']['commit']}"
+        f" ({record['source']['licence']}).",
         f"Measured: {record['measured']}. Fit on {record['fit_set']['gpu']} "
         f"{', '.join(record['fit_set']['models'])}.", "",
         f"Fitted: bandwidth fraction {c['bandwidth_fraction']:.3f}, compute fraction "
@@ -117,7 +118,8 @@ def markdown(record: dict) -> str:
                    f"{v['share_within_target']:.0%}"] for k, v in record["summary"].items()],
                  headers=["split / gpu/model", "points", "mean |error|", "max |error|",
                           f"within {record['target_abs_error']:.0%}"], tablefmt="github"), "",
-        tabulate([[r["gpu"], r["model"], r["num_tokens"], f"{r['measured_ms']:.4f}", f"{r['predicted_ms']:.4f}",
+        tabulate([[r["gpu"], r["model"], r["num_tokens"], f"{r['measured_ms']:.4f}",
+                   f"{r['predicted_ms']:.4f}",
                    f"{r['error']:+.1%}", r["split"]] for r in record["rows"]],
                  headers=["gpu", "model", "tokens", "measured ms", "predicted ms", "error", "split"],
                  tablefmt="github"), "",

@@ -42,13 +42,15 @@ def test_fit_recovers_known_coefficients_exactly():
 
 def test_fit_with_noise_stays_close():
     rng = np.random.default_rng(1)
-    samples = [StepSample(b, TRUTH.step_time_s(b) * (1 + 0.02 * rng.standard_normal())) for b in _batches(200)]
+    samples = [StepSample(b, TRUTH.step_time_s(b) * (1 + 0.02 * rng.standard_normal()))
+               for b in _batches(200)]
     fitted = fit_profile(samples)
     assert fitted.fixed_s == pytest.approx(TRUTH.fixed_s, rel=0.1)
     assert fitted.linear_compute_s_per_token == pytest.approx(TRUTH.linear_compute_s_per_token, rel=0.1)
     # Context tokens grow with decode sequences, which share the per-token and per-sampled terms: the
     # attention term is the least determined one under noise.
-    assert fitted.decode_attn_s_per_context_token == pytest.approx(TRUTH.decode_attn_s_per_context_token, rel=0.35)
+    assert fitted.decode_attn_s_per_context_token == pytest.approx(
+        TRUTH.decode_attn_s_per_context_token, rel=0.35)
     assert np.abs(relative_errors(fitted, samples)).mean() < 0.03
 
 
