@@ -23,7 +23,7 @@ GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 
 @dataclass(frozen=True, slots=True)
 class LayerTimePoint:
-    """One measured layer and its undereated roofline terms (seconds at 100% of the datasheet roofs)."""
+    """One measured layer and its roofline terms without derating (seconds at 100% of the datasheet roofs)."""
 
     gpu: str
     model: str

@@ -80,12 +80,12 @@ def fit_vidur(csv_path: Path = VIDUR_CSV) -> dict:
     points = load_points(csv_path)
     derating = fit_derating([p for p in points if _split(p) == "fit"])
     predicted = predict_s(points, derating)
-    undereated = predict_s(points, Derating(1.0, 1.0, 0.0))
+    no_derating = predict_s(points, Derating(1.0, 1.0, 0.0))
     rows = [{"model": p.model, "gpu": p.gpu, "num_tokens": p.num_tokens, "split": _split(p),
              "measured_ms": p.measured_s * 1e3, "predicted_ms": float(t) * 1e3,
-             "error": float(t) / p.measured_s - 1.0, "undereated_roofline_ms": float(u) * 1e3}
-            for p, t, u in zip(points, predicted, undereated)]
-    slowdown = {gpu: float(np.median([r["measured_ms"] / r["undereated_roofline_ms"]
+             "error": float(t) / p.measured_s - 1.0, "roofline_no_derating_ms": float(u) * 1e3}
+            for p, t, u in zip(points, predicted, no_derating)]
+    slowdown = {gpu: float(np.median([r["measured_ms"] / r["roofline_no_derating_ms"]
                                       for r in rows if r["gpu"] == gpu]))
                 for gpu in sorted({r["gpu"] for r in rows})}
     return {
@@ -97,7 +97,7 @@ def fit_vidur(csv_path: Path = VIDUR_CSV) -> dict:
         "coefficients": {"bandwidth_fraction": derating.bandwidth_fraction,
                          "compute_fraction": derating.compute_fraction,
                          "layer_overhead_s": derating.layer_overhead_s},
-        "measured_over_undereated_roofline_median": slowdown,
+        "measured_over_roofline_no_derating_median": slowdown,
         "target_abs_error": TARGET_ERROR,
         "summary": _summary(rows),
         "rows": rows,
@@ -116,7 +116,7 @@ def markdown(record: dict) -> str:
         f"{c['compute_fraction']:.3f}, layer overhead {c['layer_overhead_s'] * 1e6:.1f} µs.", "",
         tabulate([[k, v["num_points"], f"{v['mean_abs_error']:.1%}", f"{v['max_abs_error']:.1%}",
                    f"{v['share_within_target']:.0%}"] for k, v in record["summary"].items()],
-                 headers=["split / gpu/model", "points", "mean |error|", "max |error|",
+                 headers=["split / gpu/model", "points", "mean abs error", "max abs error",
                           f"within {record['target_abs_error']:.0%}"], tablefmt="github"), "",
         tabulate([[r["gpu"], r["model"], r["num_tokens"], f"{r['measured_ms']:.4f}",
                    f"{r['predicted_ms']:.4f}",
