@@ -113,3 +113,12 @@ def test_a_call_takes_microseconds(model_and_cost):
     batch = StepBatch.of(tuple(range(100, 356)), ((512, 0),))
     per_call_s = min(timeit.repeat(lambda: cost.step_time_s(batch), number=2000, repeat=3)) / 2000
     assert per_call_s < 50e-6  # generous for a loaded 2-core machine; ~4 µs measured
+
+
+def test_command_line_report_lists_every_gpu(capsys):
+    from bench.costmodel.__main__ import main
+
+    main(["--model", "opt-13b"])
+    out = capsys.readouterr().out
+    assert "15,360 token slots" in out
+    assert all(g in out for g in ("a100-40gb", "a100-80gb", "h100-sxm", "h200"))
