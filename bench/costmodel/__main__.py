@@ -25,7 +25,7 @@ EXAMPLE_BATCHES = {
 
 def report(model_name: str) -> list[str]:
     model = load_model(model_name)
-    lines = kv_slot_budget(model, load_hardware("a100-40gb")).lines() + [""]
+    lines = [*kv_slot_budget(model, load_hardware("a100-40gb")).lines(), ""]
     rows = []
     for gpu_name in hardware_names():
         gpu = load_hardware(gpu_name)
