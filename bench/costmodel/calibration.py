@@ -1,0 +1,82 @@
+"""Fit a :class:`StepCostModel` to measured steps (e.g. the engine's steps timed on a CPU).
+
+A CPU has no separate bandwidth roof worth modelling for our sizes, so the fit keeps the compute side
+of the roofline, which is linear in five terms of a batch::
+
+    seconds ~ fixed_s                                  x 1            (per non-empty step)
+            + linear_compute_s_per_token               x num_tokens   (every token through every layer)
+            + lm_head_s_per_sampled_token              x num_sampled  (decode sequences + prefill chunks)
+            + decode_attn_s_per_context_token          x sum of decode context lengths
+            + prefill_attn_s_per_pair                  x sum over chunks of q * (ctx + (q + 1) / 2)
+
+Least squares on relative error (step times span orders of magnitude), with every coefficient kept
+>= 0 by dropping a negative term and refitting. A term the samples never exercise (no prefill at all,
+say) comes back 0. The memory-side coefficients of the returned model are 0, so its step time is
+exactly this sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.costmodel.step_cost import StepBatch, StepCostModel
+
+TERMS = ("fixed_s", "linear_compute_s_per_token", "lm_head_s_per_sampled_token",
+         "decode_attn_s_per_context_token", "prefill_attn_s_per_pair")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step: what ran and how long it took."""
+
+    batch: StepBatch
+    seconds: float
+
+
+def term_row(batch: StepBatch) -> list[float]:
+    """The batch's value of each of :data:`TERMS` (the design-matrix row)."""
+    num_decode = len(batch.decode_context_lens)
+    pairs = sum(q * (ctx + 0.5 * (q + 1)) for q, ctx in batch.prefill_chunks)
+    return [1.0, float(batch.num_tokens), float(num_decode + len(batch.prefill_chunks)),
+            float(sum(batch.decode_context_lens)), float(pairs)]
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[active] = sol
+            break
+        # A negative cost is unphysical (collinear or unexercised terms): drop the most negative, refit.
+        del active[int(sol.argmin())]
+    return x
+
+
+def fit_profile(samples: Sequence[StepSample], label: str | None = None) -> StepCostModel:
+    """The :class:`StepCostModel` whose step times best match ``samples`` (relative least squares)."""
+    if len(samples) < len(TERMS):
+        raise ValueError(f"need at least {len(TERMS)} samples to fit {len(TERMS)} terms, got {len(samples)}")
+    bad = [s.seconds for s in samples if not s.seconds > 0]
+    if bad:
+        raise ValueError(f"every sample needs seconds > 0, got {bad[:3]}")
+    if any(s.batch.num_tokens == 0 for s in samples):
+        raise ValueError("a sample with an empty batch cannot be fitted (an empty step costs 0 by "
+                         "definition)")
+    rows = np.array([term_row(s.batch) for s in samples])
+    seconds = np.array([s.seconds for s in samples])
+    coef = _nonnegative_lstsq(rows / seconds[:, None], np.ones(len(samples)))  # rows / y . x ~ 1
+    fitted = dict(zip(TERMS, map(float, coef)))
+    rms = float(np.sqrt(np.mean((rows @ coef / seconds - 1.0) ** 2)))
+    return StepCostModel(
+        label=label or f"fit to {len(samples)} measured steps (rms relative error {rms:.1%})",
+        linear_weights_s=0.0, linear_mem_s_per_token=0.0, prefill_attn_s_per_kv_token=0.0, **fitted)
+
+
+def relative_errors(cost: StepCostModel, samples: Sequence[StepSample]) -> np.ndarray:
+    """predicted / measured - 1 for each sample."""
+    return np.array([cost.step_time_s(s.batch) / s.seconds - 1.0 for s in samples])

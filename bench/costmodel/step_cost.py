@@ -1,0 +1,128 @@
+"""The time of one serving step on a GPU, as a roofline per component.
+
+A step runs ``T`` tokens (prefill chunks plus one token per decode sequence) through every layer and
+samples ``S`` of them (one per decode sequence and per prefill chunk). Each component costs the larger
+of its memory time and its compute time, at the achievable (derated) roofs::
+
+    time = fixed                                           step overhead + layers x layer overhead
+         + max(W + m*T,  c*T + h*S)                        linear layers: weights W streamed once,
+                                                           activations m per token; 2 x params FLOPs
+         + a * sum(decode context lengths)                 decode attention: KV bytes (memory-bound)
+         + sum over prefill chunks (q, ctx) of
+             max(p_kv * (ctx + q),  p_pair * q * (ctx + (q + 1) / 2))
+                                                           prefill attention: KV read vs causal QK/PV
+
+``StepCostModel`` holds only these coefficients (precomputed from a model and a GPU profile, or fitted
+by :func:`bench.costmodel.calibration.fit_profile`), so :meth:`StepCostModel.step_time_s` is a few
+arithmetic operations per step plus one per prefill chunk: a serving simulator can call it millions of
+times. An empty step costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.costmodel.hardware import HardwareProfile
+from bench.costmodel.models import ModelProfile
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """One step's work.
+
+    ``decode_context_lens[i]``: tokens decode sequence ``i`` attends to, its new token included.
+    ``prefill_chunks[j] = (q_len, ctx_len)``: a prefill chunk of ``q_len`` new tokens whose sequence
+    already has ``ctx_len`` tokens cached (0 for a whole prompt; > 0 for a later chunk or a prefix hit).
+    ``num_prefill_tokens`` is the sum of the ``q_len`` (checked): use :meth:`of` to have it computed.
+    """
+
+    num_prefill_tokens: int
+    decode_context_lens: tuple[int, ...] = ()
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        q_total = sum(q for q, _ in self.prefill_chunks)
+        if q_total != self.num_prefill_tokens:
+            raise ValueError(f"num_prefill_tokens={self.num_prefill_tokens} but the prefill chunks hold "
+                             f"{q_total} tokens")
+        if self.decode_context_lens and min(self.decode_context_lens) < 1:
+            raise ValueError(f"decode context lengths must be >= 1 (the new token), got "
+                             f"{min(self.decode_context_lens)}")
+        for q, ctx in self.prefill_chunks:
+            if q < 1 or ctx < 0:
+                raise ValueError(f"prefill chunk (q_len, ctx_len) must have q_len >= 1, ctx_len >= 0, "
+                                 f"got ({q}, {ctx})")
+
+    @classmethod
+    def of(cls, decode_context_lens: tuple[int, ...] = (),
+           prefill_chunks: tuple[tuple[int, int], ...] = ()) -> StepBatch:
+        return cls(sum(q for q, _ in prefill_chunks), tuple(decode_context_lens), tuple(prefill_chunks))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + len(self.decode_context_lens)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostModel:
+    """Coefficients of the step-time roofline (see the module docstring); all in seconds."""
+
+    label: str  # where the coefficients came from ("llama-2-7b on a100-80gb", "fit: 40 CPU samples")
+    fixed_s: float  # per non-empty step: step overhead + layers x layer overhead
+    linear_weights_s: float  # W: streaming every weight once (lm_head included)
+    linear_mem_s_per_token: float  # m: GEMM input/output activations of one token
+    linear_compute_s_per_token: float  # c: 2 x layer params FLOPs of one token
+    lm_head_s_per_sampled_token: float  # h: 2 x vocab x hidden FLOPs of one sampled token
+    decode_attn_s_per_context_token: float  # a: max(KV bytes, QK/PV FLOPs) of one context token
+    prefill_attn_s_per_kv_token: float  # p_kv: KV bytes of one token a prefill chunk reads
+    prefill_attn_s_per_pair: float  # p_pair: QK + PV FLOPs of one (query, key) pair
+
+    @classmethod
+    def from_profiles(cls, model: ModelProfile, hardware: HardwareProfile) -> StepCostModel:
+        """The roofline of ``model`` on ``hardware`` at its achievable fractions."""
+        bw = hardware.achievable_bandwidth_bytes_per_s
+        flops = hardware.achievable_flops_per_s
+        layers, dtype = model.num_hidden_layers, model.dtype_bytes
+        linear_params = layers * model.linear_params_per_layer
+        q_width = model.num_attention_heads * model.head_dim
+        attn_flops_per_pair = 4 * q_width * layers  # QK^T and PV: 2 FLOPs per multiply-add, per head dim
+        kv_bytes = model.kv_bytes_per_token
+        return cls(
+            label=f"{model.name} on {hardware.name}",
+            fixed_s=hardware.step_overhead_s + layers * hardware.layer_overhead_s,
+            linear_weights_s=(linear_params + model.lm_head_params) * dtype / bw,
+            linear_mem_s_per_token=layers * model.gemm_io_elements_per_token_per_layer * dtype / bw,
+            linear_compute_s_per_token=2 * linear_params / flops,
+            lm_head_s_per_sampled_token=2 * model.lm_head_params / flops,
+            decode_attn_s_per_context_token=max(kv_bytes / bw, attn_flops_per_pair / flops),
+            prefill_attn_s_per_kv_token=kv_bytes / bw,
+            prefill_attn_s_per_pair=attn_flops_per_pair / flops,
+        )
+
+    def step_time_s(self, batch: StepBatch) -> float:
+        """Seconds for ``batch``; 0.0 for an empty one."""
+        num_decode = len(batch.decode_context_lens)
+        return self.time_from_totals_s(batch.num_prefill_tokens + num_decode,
+                                       num_decode + len(batch.prefill_chunks),
+                                       sum(batch.decode_context_lens), batch.prefill_chunks)
+
+    def time_from_totals_s(self, num_tokens: int, num_sampled: int, decode_context_tokens: int,
+                           prefill_chunks: tuple[tuple[int, int], ...] = ()) -> float:
+        """:meth:`step_time_s` from running totals, for a simulator that keeps them itself.
+
+        ``num_sampled``: decode sequences plus prefill chunks; ``decode_context_tokens``: the sum of the
+        decode context lengths.
+        """
+        if num_tokens == 0:
+            return 0.0
+        memory_s = self.linear_weights_s + self.linear_mem_s_per_token * num_tokens
+        compute_s = (self.linear_compute_s_per_token * num_tokens
+                     + self.lm_head_s_per_sampled_token * num_sampled)
+        t = self.fixed_s + (memory_s if memory_s > compute_s else compute_s)
+        t += self.decode_attn_s_per_context_token * decode_context_tokens
+        per_kv, per_pair = self.prefill_attn_s_per_kv_token, self.prefill_attn_s_per_pair
+        for q, ctx in prefill_chunks:
+            kv_s = per_kv * (ctx + q)
+            pair_s = per_pair * q * (ctx + 0.5 * (q + 1))
+            t += kv_s if kv_s > pair_s else pair_s
+        return t

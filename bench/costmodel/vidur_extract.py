@@ -1,0 +1,72 @@
+"""Write ``bench/data/vidur/mlp_tp1.csv``: a few rows of Vidur's per-layer profiles (run once, by hand).
+
+``python -m bench.costmodel.vidur_extract <vidur git dir>`` reads, at that checkout's HEAD,
+``data/profiling/compute/{a100,h100}/<org>/<model>/mlp.csv``, keeps tensor-parallel degree 1 and a few
+token counts, and writes each operation's median time in ms (Vidur's CUDA timers record ms per call of
+one layer's operation; its sklearn predictor reads ``time_stats.<op>.median``). Token counts profiled
+twice are averaged. The fit (:mod:`bench.costmodel.vidur_fit`) reads only the written CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "data" / "vidur" / "mlp_tp1.csv"
+#: Vidur's model path -> our model profile name
+MODELS = {
+    "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-70b-hf": "llama-2-70b",
+    "meta-llama/Meta-Llama-3-8B": "llama-3-8b",
+    "meta-llama/Meta-Llama-3-70B": "llama-3-70b",
+    "codellama/CodeLlama-34b-Instruct-hf": "codellama-34b",
+    "internlm/internlm-20b": "internlm-20b",
+    "Qwen/Qwen-72B": "qwen-72b",
+    "microsoft/phi-2": "phi-2",
+}
+GPUS = {"a100": "a100-80gb", "h100": "h100-sxm"}  # Vidur's device SKUs are the 80 GB parts
+NUM_TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: the operations of one layer outside attention, in Vidur's order
+OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+       "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def _git(git_dir: str, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", git_dir, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def main(argv: list[str]) -> None:
+    git_dir = argv[0]
+    commit = _git(git_dir, "rev-parse", "HEAD").strip()
+    rows = []
+    for vgpu, gpu in GPUS.items():
+        for vmodel, model in MODELS.items():
+            path = f"data/profiling/compute/{vgpu}/{vmodel}/mlp.csv"
+            try:
+                text = _git(git_dir, "cat-file", "-p", f"HEAD:{path}")
+            except subprocess.CalledProcessError:
+                continue  # not profiled on this GPU (Llama-3 on H100)
+            records = [r for r in csv.DictReader(text.splitlines())
+                       if r["num_tensor_parallel_workers"] == "1"]
+            for n in NUM_TOKENS:
+                same = [r for r in records if int(r["num_tokens"]) == n]
+                # phi-2 has no post_attention_layernorm column: Vidur counts a missing op as 0 ms.
+                ops = {op: sum(float(r.get(f"time_stats.{op}.median") or 0) for r in same) / len(same)
+                       for op in OPS}
+                rows.append({"gpu": gpu, "model": model, "vidur_path": path, "num_tokens": n,
+                             **{f"{op}_ms": f"{v:.4f}" for op, v in ops.items()}})
+    with OUT.open("w", newline="") as f:
+        f.write(f"# Extracted from github.com/microsoft/vidur at commit {commit}"
+                " (MIT licence, see README.md)\n# by bench/costmodel/vidur_extract.py:"
+                " tensor-parallel degree 1, median ms per layer per op.\n")
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} rows to {OUT}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
