@@ -1,4 +1,4 @@
-"""``python -m bench.costmodel [--model NAME]``: KV slots and a few step times for every GPU profile.
+"""``python -m pagedbench.bench.costmodel [--model NAME]``: KV slots and a few step times for every GPU profile.
 
 A quick look at what the step-cost model says (prints only; nothing is written).
 """
@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+from pagedbench.bench.costmodel.hardware import hardware_names, load_hardware
+from pagedbench.bench.costmodel.kv_slots import kv_slot_budget
+from pagedbench.bench.costmodel.models import load_model, model_names
+from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 from tabulate import tabulate
-
-from bench.costmodel.hardware import hardware_names, load_hardware
-from bench.costmodel.kv_slots import kv_slot_budget
-from bench.costmodel.models import load_model, model_names
-from bench.costmodel.step_cost import StepBatch, StepCostModel
 
 #: label -> batch: decode at batch 1 and 64 (context 1024), a 2048-token prompt, a mixed chunked step
 EXAMPLE_BATCHES = {
@@ -38,7 +37,7 @@ def report(model_name: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.costmodel", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.costmodel", description=__doc__)
     parser.add_argument("--model", default="opt-13b", choices=model_names())
     args = parser.parse_args(argv)
     print("\n".join(report(args.model)))

@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from bench.costmodel.step_cost import StepBatch, StepCostModel
+from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 
 TERMS = ("fixed_s", "linear_compute_s_per_token", "lm_head_s_per_sampled_token",
          "decode_attn_s_per_context_token", "prefill_attn_s_per_pair")

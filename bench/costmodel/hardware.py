@@ -1,7 +1,7 @@
 """GPU profiles (``bench/configs/hardware/<name>.yaml``): datasheet roofs and how much of them is reached.
 
 The roofs (bandwidth, dense FLOP/s, memory) are datasheet figures; the achievable fractions and the
-overheads are measured (:mod:`bench.costmodel.vidur_fit` fits them on A100 linear-layer profiles);
+overheads are measured (:mod:`pagedbench.bench.costmodel.vidur_fit` fits them on A100 linear-layer profiles);
 the price is a user-editable assumption used only for cost-per-token figures.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.costmodel.profile_fields import (
+from pagedbench.bench.costmodel.profile_fields import (
     FieldSpec,
     fraction,
     non_negative,

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.costmodel.hardware import HardwareProfile
-from bench.costmodel.models import ModelProfile
+from pagedbench.bench.costmodel.hardware import HardwareProfile
+from pagedbench.bench.costmodel.models import ModelProfile
 
 #: vLLM's default share of device memory it may use.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

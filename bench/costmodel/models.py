@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.costmodel.profile_fields import (
+from pagedbench.bench.costmodel.profile_fields import (
     FieldSpec,
     one_of,
     positive,

@@ -13,7 +13,7 @@ of its memory time and its compute time, at the achievable (derated) roofs::
                                                            prefill attention: KV read vs causal QK/PV
 
 ``StepCostModel`` holds only these coefficients (precomputed from a model and a GPU profile, or fitted
-by :func:`bench.costmodel.calibration.fit_profile`), so :meth:`StepCostModel.step_time_s` is a few
+by :func:`pagedbench.bench.costmodel.calibration.fit_profile`), so :meth:`StepCostModel.step_time_s` is a few
 arithmetic operations per step plus one per prefill chunk: a serving simulator can call it millions of
 times. An empty step costs nothing.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.costmodel.hardware import HardwareProfile
-from bench.costmodel.models import ModelProfile
+from pagedbench.bench.costmodel.hardware import HardwareProfile
+from pagedbench.bench.costmodel.models import ModelProfile
 
 
 @dataclass(frozen=True, slots=True)

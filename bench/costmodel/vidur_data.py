@@ -11,8 +11,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.costmodel.hardware import load_hardware
-from bench.costmodel.models import load_model
+from pagedbench.bench.costmodel.hardware import load_hardware
+from pagedbench.bench.costmodel.models import load_model
 
 VIDUR_CSV = Path(__file__).resolve().parent.parent / "data" / "vidur" / "mlp_tp1.csv"
 #: one layer's operations outside attention, as Vidur names them (each a column ``<op>_ms``)

@@ -1,10 +1,10 @@
 """Write ``bench/data/vidur/mlp_tp1.csv``: a few rows of Vidur's per-layer profiles (run once, by hand).
 
-``python -m bench.costmodel.vidur_extract <vidur git dir>`` reads, at that checkout's HEAD,
+``python -m pagedbench.bench.costmodel.vidur_extract <vidur git dir>`` reads, at that checkout's HEAD,
 ``data/profiling/compute/{a100,h100}/<org>/<model>/mlp.csv``, keeps tensor-parallel degree 1 and a few
 token counts, and writes each operation's median time in ms (Vidur's CUDA timers record ms per call of
 one layer's operation; its sklearn predictor reads ``time_stats.<op>.median``). Token counts profiled
-twice are averaged. The fit (:mod:`bench.costmodel.vidur_fit`) reads only the written CSV.
+twice are averaged. The fit (:mod:`pagedbench.bench.costmodel.vidur_fit`) reads only the written CSV.
 """
 
 from __future__ import annotations

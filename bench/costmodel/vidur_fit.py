@@ -1,13 +1,13 @@
 """Fit the roofline's derating on Vidur's A100 profiles; check it on held-out models and on H100.
 
-Per layer, outside attention, the step-cost model predicts (as in :mod:`bench.costmodel.step_cost`)::
+Per layer, outside attention, the step-cost model predicts (as in :mod:`pagedbench.bench.costmodel.step_cost`)::
 
     t(T) = layer_overhead + max((W + A*T) / (bandwidth * bw_fraction), F*T / (peak * compute_fraction))
 
 The fit set is A100 (80 GB) Llama-2-7B and Llama-2-70B at 1..4096 tokens. The two fractions are found
 on a grid (0.005 steps) and, for each pair, the overhead in closed form, minimising the mean squared
 relative error. Every other (model, GPU) is held out: other models on A100, every model on H100 (with
-the A100 fractions on H100's datasheet roofs). ``python -m bench.costmodel.vidur_fit [--out DIR]``
+the A100 fractions on H100's datasheet roofs). ``python -m pagedbench.bench.costmodel.vidur_fit [--out DIR]``
 writes ``vidur_fit.json`` and ``vidur_fit.md`` (results/ by default); no network.
 """
 
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pagedbench.bench.costmodel.vidur_data import VIDUR_CSV, LayerTimePoint, load_points, source_commit
 from tabulate import tabulate
-
-from bench.costmodel.vidur_data import VIDUR_CSV, LayerTimePoint, load_points, source_commit
 
 SCHEMA_VERSION = 1
 FIT_GPU = "a100-80gb"
@@ -136,9 +135,9 @@ def write_record(record: dict, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from bench import environment as env_mod  # imports torch (device description): only when run
+    from pagedbench.bench import environment as env_mod  # imports torch (device description): only when run
 
-    parser = argparse.ArgumentParser(prog="python -m bench.costmodel.vidur_fit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.costmodel.vidur_fit", description=__doc__)
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR / "costmodel"), help="output folder")
     args = parser.parse_args(argv)
     record = {"environment": env_mod.environment(), **fit_vidur()}

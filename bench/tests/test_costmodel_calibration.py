@@ -7,9 +7,8 @@ import random
 
 import numpy as np
 import pytest
-
-from bench.costmodel.calibration import StepSample, fit_profile, relative_errors
-from bench.costmodel.step_cost import StepBatch, StepCostModel
+from pagedbench.bench.costmodel.calibration import StepSample, fit_profile, relative_errors
+from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 
 TRUTH = StepCostModel(label="truth", fixed_s=3e-3, linear_weights_s=0.0, linear_mem_s_per_token=0.0,
                       linear_compute_s_per_token=2e-4, lm_head_s_per_sampled_token=5e-5,

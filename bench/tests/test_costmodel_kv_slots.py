@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from bench.costmodel.hardware import load_hardware
-from bench.costmodel.kv_slots import activation_reserve_bytes, kv_slot_budget
-from bench.costmodel.models import load_model
+from pagedbench.bench.costmodel.hardware import load_hardware
+from pagedbench.bench.costmodel.kv_slots import activation_reserve_bytes, kv_slot_budget
+from pagedbench.bench.costmodel.models import load_model
 
 PAPER_SLOTS_OPT_13B_A100_40GB = 15_700  # Kwon et al., SOSP 2023, §3 (800 KB per token)
 

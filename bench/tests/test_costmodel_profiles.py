@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from bench.costmodel.hardware import HARDWARE_DIR, hardware_names, load_hardware
-from bench.costmodel.models import MODELS_DIR, load_model, model_names
-from bench.costmodel.profile_fields import ProfileError
+from pagedbench.bench.costmodel.hardware import HARDWARE_DIR, hardware_names, load_hardware
+from pagedbench.bench.costmodel.models import MODELS_DIR, load_model, model_names
+from pagedbench.bench.costmodel.profile_fields import ProfileError
 
 
 def test_every_shipped_profile_loads():

@@ -6,10 +6,9 @@ from __future__ import annotations
 import timeit
 
 import pytest
-
-from bench.costmodel.hardware import load_hardware
-from bench.costmodel.models import load_model
-from bench.costmodel.step_cost import StepBatch, StepCostModel
+from pagedbench.bench.costmodel.hardware import load_hardware
+from pagedbench.bench.costmodel.models import load_model
+from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +115,7 @@ def test_a_call_takes_microseconds(model_and_cost):
 
 
 def test_command_line_report_lists_every_gpu(capsys):
-    from bench.costmodel.__main__ import main
+    from pagedbench.bench.costmodel.__main__ import main
 
     main(["--model", "opt-13b"])
     out = capsys.readouterr().out

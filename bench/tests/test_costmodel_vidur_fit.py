@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from bench.costmodel.hardware import hardware_names, load_hardware
-from bench.costmodel.vidur_data import load_points
-from bench.costmodel.vidur_fit import Derating, fit_derating, fit_vidur, predict_s, write_record
+from pagedbench.bench.costmodel.hardware import hardware_names, load_hardware
+from pagedbench.bench.costmodel.vidur_data import load_points
+from pagedbench.bench.costmodel.vidur_fit import Derating, fit_derating, fit_vidur, predict_s, write_record
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
-
 from pagedbench.refengine.engine.core import EngineCore, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
+from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.request import Request
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule

@@ -6,7 +6,6 @@ It never decides who runs: it executes the :class:`SchedulerOutput` it is given 
 from __future__ import annotations
 
 import torch
-
 from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.model.attention_backend import AttentionMetadata

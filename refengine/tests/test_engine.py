@@ -234,7 +234,7 @@ def test_a_failed_step_never_poisons_the_prefix_cache(loaded, monkeypatch):
     prompt = rand_prompt(5, 7)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     full = prompt + tokens(LLM(loaded, block_size=4, num_blocks=32).generate([prompt], params))[0]
-    extensions = [full[:n] + [3, 1] for n in (9, 13, 17)]  # past each block a decode step filled
+    extensions = [[*full[:n], 3, 1] for n in (9, 13, 17)]  # past each block a decode step filled
     want = tokens(LLM(loaded, block_size=4, num_blocks=32).generate(extensions, GREEDY))
     forward = loaded.model.forward
     for fail_at in range(1, 13):
