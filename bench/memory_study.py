@@ -3,7 +3,7 @@
 ``python -m pagedbench.bench --only memory_study`` (or ``main([])``) runs the default config
 (``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
-(:mod:`bench.memory_sim`) under one KV budget at the main step time and at each step time of the
+(:mod:`pagedbench.bench.serving_sim`, the real scheduler on a simulated clock) under one KV budget at the main step time and at each step time of the
 sweep; the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
 ``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside ours) and
 ``results/memory_*.png``, and prints the tables.
@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pagedbench.bench import environment as env_mod
 from pagedbench.bench import workloads
-from pagedbench.bench.memory_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
+from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "memory.yaml"

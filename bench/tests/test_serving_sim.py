@@ -8,14 +8,14 @@ import json
 
 import pytest
 from pagedbench.bench import memory_study
-from pagedbench.bench.memory_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
+from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
 from pagedbench.bench.workloads import Request, synthetic
 
 PAGED4, PAGED2 = AllocatorSpec("paged", 4), AllocatorSpec("paged", 2)
 
 
 def cfg(kv_slots: int) -> SimConfig:
-    return SimConfig(kv_slots=kv_slots, max_seq_len=kv_slots, step_s=1.0, watermark=0.0, warmup_frac=0.0)
+    return SimConfig(kv_slots=kv_slots, max_seq_len=2 * kv_slots, step_s=1.0, watermark=0.0, warmup_frac=0.0)
 
 
 def rows(result) -> list[tuple]:
@@ -27,34 +27,36 @@ def test_paged_hand_computed():
     trace = (Request(0, 3, 2), Request(1, 2, 1))  # both at t=0; pool: 2 blocks of 4
     r = simulate(trace, PAGED4, cfg(8), record_steps=True)
     assert rows(r) == [
-        (0.0, 4 + 3, 0, 1, 0, 0, 0, 2, 0),  # A 3->4 tokens (of 5), B 2->3 (of 3): B's last slot never used
-        (1.0, 5, 0, 3, 0, 0, 0, 1, 0),  # B left; A grew into a second block, 3 slots of it never used
+        (0.0, 3 + 2, 1, 2, 0, 0, 0, 2, 0),  # prompts: A holds 3 of its 4 (P + O - 1), B 2 of 2 in 4 slots
+        (1.0, 4, 0, 0, 0, 0, 4, 1, 0),  # B left after its one token; A's decode fills its block
     ]
     assert (r.num_steps, r.peak_running, r.mean_running) == (2, 2, 1.5)
     assert (r.num_finished, r.num_preemptions) == (2, 0)
-    assert r.shares.token_states == 12 / 16 and r.shares.internal_fragmentation == 4 / 16
+    assert r.shares.token_states == 9 / 16 and r.shares.internal_fragmentation == 2 / 16
     assert r.mean_normalized_latency_s == pytest.approx(((2 - 0) / 2 + (1 - 0) / 1) / 2)
 
 
 def test_paged_preempts_the_newest_and_readmits_it_first():
-    trace = (Request(0, 2, 2), Request(1, 1, 1))  # pool: 2 blocks of 2; A will need both
+    trace = (Request(0, 2, 3), Request(1, 1, 2))  # pool: 2 blocks of 2; A will need both
     r = simulate(trace, PAGED2, cfg(4), record_steps=True)
     assert rows(r) == [
-        (0.0, 3, 1, 0, 0, 0, 0, 1, 1),  # A's growth needed B's block: B preempted, back to the queue
-        (1.0, 4, 0, 0, 0, 0, 0, 1, 1),  # B refused (no free block): paged memory is never "external"
-        (2.0, 2, 0, 0, 0, 0, 2, 1, 0),  # A left; B re-admitted and done
+        (0.0, 3, 1, 0, 0, 0, 0, 2, 0),
+        (1.0, 3, 1, 0, 0, 0, 0, 1, 1),  # A's decode needed B's block: B preempted, back to the queue
+        (2.0, 4, 0, 0, 0, 0, 0, 1, 1),  # B refused (no free block): paged memory is never "external"
+        (3.0, 2, 0, 0, 0, 0, 2, 1, 0),  # A left; B re-admitted (prompt + its token, recomputed), done
     ]
     assert r.num_preemptions == 1 and r.num_finished == 2
 
 
 def test_preempted_request_goes_back_to_the_head_of_the_queue():
-    trace = (Request(0, 2, 2), Request(1, 1, 1), Request(2, 3, 1))  # pool: 2 blocks of 2
+    trace = (Request(0, 2, 3), Request(1, 1, 2), Request(2, 3, 1))  # pool: 2 blocks of 2
     r = simulate(trace, PAGED2, cfg(4), record_steps=True)
     assert rows(r) == [
-        (0.0, 3, 1, 0, 0, 0, 0, 1, 2),  # C (2 blocks) refused; A's growth preempts B
-        (1.0, 4, 0, 0, 0, 0, 0, 1, 2),
-        (2.0, 2, 0, 0, 0, 0, 2, 1, 1),  # B, back at the head, goes before C (which does not fit beside it)
-        (3.0, 4, 0, 0, 0, 0, 0, 1, 0),
+        (0.0, 3, 1, 0, 0, 0, 0, 2, 1),  # C (2 blocks) refused
+        (1.0, 3, 1, 0, 0, 0, 0, 1, 2),  # A's decode preempts B
+        (2.0, 4, 0, 0, 0, 0, 0, 1, 2),
+        (3.0, 2, 0, 0, 0, 0, 2, 1, 1),  # B, back at the head, goes before C (which does not fit beside it)
+        (4.0, 3, 0, 1, 0, 0, 0, 1, 0),
     ]
 
 
@@ -62,10 +64,12 @@ def test_first_fit_external_fragmentation_hand_computed():
     spec = AllocatorSpec("orca", 1, "oracle", "first_fit")
     trace = (Request(0, 3, 1), Request(1, 1, 2), Request(2, 2, 1), Request(3, 4, 1))  # all at t=0
     r = simulate(trace, spec, cfg(10), record_steps=True)
+    # Oracle reserves prompt + output; the last output token is never stored, so one slot of each
+    # reservation is internal fragmentation
     assert rows(r) == [
-        (0.0, 4 + 2 + 3, 1, 0, 0, 0, 0, 3, 1),  # A [0,4) B [4,7) C [7,10); D (5 slots) waits
-        (1.0, 3, 0, 0, 0, 7, 0, 1, 1),  # A, C left: holes of 4 and 3 hold 7 slots, none holds D's 5
-        (2.0, 5, 0, 0, 0, 0, 5, 1, 0),  # D placed at 0; the free half is not fragmentation
+        (0.0, 3 + 1 + 2, 1, 3, 0, 0, 0, 3, 1),  # A [0,4) B [4,7) C [7,10); D (5 slots) waits
+        (1.0, 2, 0, 1, 0, 7, 0, 1, 1),  # A, C left: holes of 4 and 3 hold 7 slots, none holds D's 5
+        (2.0, 4, 0, 1, 0, 0, 5, 1, 0),  # D placed at 0; the free half is not fragmentation
     ]
 
 
@@ -73,9 +77,19 @@ def test_buddy_rounding_is_internal_fragmentation_and_reported_apart():
     trace = (Request(0, 2, 1), Request(1, 5, 1))
     r = simulate(trace, AllocatorSpec("orca", 1, "oracle"), cfg(8), record_steps=True)
     assert rows(r) == [
-        (0.0, 3, 0, 1, 1, 0, 4, 1, 1),  # A: 3 slots reserved, buddy block of 4; B needs 8 > 4 free: not
-        (1.0, 6, 0, 2, 2, 0, 0, 1, 0),  # fragmentation, too little memory. B: 6 reserved, block of 8
+        (0.0, 2, 0, 2, 1, 0, 4, 1, 1),  # A: 3 slots reserved, buddy block of 4; B needs 8 > 4 free: not
+        (1.0, 5, 0, 3, 2, 0, 0, 1, 0),  # fragmentation, too little memory. B: 6 reserved, block of 8
     ]
+
+
+def test_separate_policy_runs_prompt_steps_apart():
+    trace = (Request(0, 3, 3), Request(1, 2, 2, arrival_s=0.5))
+    mixed = simulate(trace, PAGED4, cfg(16), record_steps=True)
+    separate = simulate(trace, PAGED4, dataclasses.replace(cfg(16), policy="separate"), record_steps=True)
+    # mixed: B's prompt joins A's decode at t=1; separate: a step of B's prompt alone, A waits a step
+    assert [s.num_running for s in mixed.steps] == [1, 2, 2]
+    assert [s.token_states for s in separate.steps] == [3, 5, 7, 5]
+    assert separate.num_steps == mixed.num_steps + 1
 
 
 def test_orca_max_holds_what_its_reservations_allow():
@@ -114,9 +128,11 @@ def test_slots_add_up_on_every_step(spec):
 
 
 def test_requests_that_cannot_fit_are_refused():
-    with pytest.raises(ValueError, match="request 0: 9 tokens exceed max_seq_len 8"):
-        simulate((Request(0, 5, 4),), PAGED4, cfg(8))
-    with pytest.raises(ValueError, match=r"request 0 \(5 tokens\) can never be admitted by Orca \(Max\)"):
+    with pytest.raises(ValueError, match="request 0: 17 tokens exceed max_seq_len 16"):
+        simulate((Request(0, 9, 8),), PAGED4, cfg(8))
+    with pytest.raises(ValueError, match="request 0: stores 10 tokens, more than the pool's 8 slots"):
+        simulate((Request(0, 5, 6),), PAGED4, cfg(8))
+    with pytest.raises(ValueError, match=r"request 0 can never be admitted by Orca \(Max\) with 6 slots"):
         simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"),
                  SimConfig(kv_slots=6, max_seq_len=8, step_s=1.0))
 

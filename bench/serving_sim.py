@@ -1,0 +1,305 @@
+"""Serving a request trace with the real scheduler and KV manager, on a simulated clock.
+
+No model runs. Each request of the trace becomes a request of :class:`~pagedbench.refengine.engine.core.
+EngineCore` with ``max_tokens = output_len`` (and ``ignore_eos``); the loop is the engine's own
+(``Scheduler -> SimulatedExecutor -> Scheduler.update``), so admission, chunked or separate prefill,
+preemption (recompute) and the block accounting are exactly the engine's. A step lasts what
+``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
+(:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival.
+
+The KV manager is the paged :class:`~pagedbench.refengine.BlockManager` (kept ``watermark`` of its
+blocks free at admission, as vLLM does) or Orca's contiguous reservations
+(:class:`~pagedbench.refengine.ContiguousBlockManager`: Max, Pow2, Oracle, on a buddy or first-fit arena).
+
+Accounting, in slots, taken on every step as the model would run it, for each running sequence with
+``t`` tokens in its table, ``f`` tokens when done (prompt + output - 1: the last sampled token is never
+stored), holding ``h`` slots::
+
+    token states    t
+    reserved        min(h, f) - t       held, and will be filled by this request later
+    internal frag.  h - min(h, f)       held, never to be filled (over-reservation, buddy rounding,
+                                        the unused tail of a paged request's last block)
+    external frag.  the free slots, on a step where the queue's head waits although the free slots in
+                    total would hold its footprint (no hole fits: only the arena has this)
+    free            every other free slot
+
+The five add up to the pool's slots on every step; shares are their time averages over the measured
+steps (those starting inside the window: arrivals from ``warmup_frac`` of the trace's span to the last
+arrival; the whole run when everything arrives at once). With ``drain=True`` the run goes on until
+every request is done, so that the latency covers every request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pagedbench.bench.workloads import Request
+from pagedbench.refengine import BlockManager, ContiguousBlockManager, SamplingParams
+from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor, StepResult, StepShape
+from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSpec:
+    kind: str  # "orca" (contiguous reservations in an arena) or "paged" (refengine.BlockManager)
+    block_size: int  # slots per block (1 for the Orca arena: placement at slot granularity)
+    policy: str = "max"  # Orca reservation policy: max, pow2, oracle (unused for paged)
+    placement: str = "buddy"  # Orca placement: buddy or first_fit (unused for paged)
+
+    @property
+    def name(self) -> str:
+        if self.kind == "paged":
+            return f"paged bs={self.block_size}"
+        suffix = "" if self.placement == "buddy" else f", {self.placement}"
+        return f"Orca ({self.policy.capitalize()}{suffix})"
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    kv_slots: int = 15_700  # the KV budget in token slots (OPT-13B on an A100-40GB, vLLM paper)
+    max_seq_len: int = 2048
+    step_s: float = 0.04  # a constant step time, used when simulate() gets no step_time_s
+    watermark: float = 0.01  # share of a paged pool's blocks kept free at admission
+    warmup_frac: float = 0.1  # the first share of the arrival span is not measured
+    drain: bool = True  # run on until every request is done (latency over all of them)
+    max_num_seqs: int = 256  # vLLM's default
+    # tokens computed per step; large enough by default that admission is limited by memory, not
+    # by the budget (a prompt of max_seq_len fits a step)
+    max_num_batched_tokens: int | None = None
+    policy: str = "mixed"  # "mixed" (chunked prefill, today's vLLM) or "separate" (vLLM v0.1)
+    enable_prefix_caching: bool = False
+
+    @property
+    def token_budget(self) -> int:
+        return self.max_num_batched_tokens or max(4096, 2 * self.max_seq_len)
+
+
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """Time-averaged shares of the KV pool (they sum to 1)."""
+
+    token_states: float
+    reserved: float
+    internal_fragmentation: float
+    rounding_waste: float  # the part of internal fragmentation that is buddy rounding
+    external_fragmentation: float
+    free: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step's accounting in slots (only kept with ``record_steps=True``)."""
+
+    time_s: float
+    token_states: int
+    reserved: int
+    internal_fragmentation: int
+    rounding_waste: int
+    external_fragmentation: int
+    free: int
+    num_running: int
+    num_waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    allocator: str
+    total_slots: int  # slots of the pool (num_blocks x block_size)
+    num_steps: int
+    num_measured_steps: int
+    shares: Shares
+    mean_running: float  # requests running at once, averaged over measured steps
+    peak_running: int  # over every step
+    num_preemptions: int
+    num_finished: int
+    mean_normalized_latency_s: float | None  # mean of (finish - arrival) / output_len, finished requests
+    simulated_s: float = 0.0  # the clock at the end
+    num_generated_tokens: int = 0
+    steps: tuple[StepRecord, ...] = ()
+    latencies_s: tuple[float, ...] = ()  # end-to-end latency of each finished request, trace order
+
+
+def constant_step(step_s: float) -> Callable[[StepShape], float]:
+    return lambda shape: step_s
+
+
+def _manager(spec: AllocatorSpec, cfg: SimConfig):
+    if spec.kind == "paged":
+        return BlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
+                            enable_prefix_caching=cfg.enable_prefix_caching)
+    if spec.kind == "orca":
+        return ContiguousBlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
+                                      max_seq_len=cfg.max_seq_len, policy=spec.policy, placement=spec.placement)
+    raise ValueError(f"allocator kind must be 'paged' or 'orca', got {spec.kind!r}")
+
+
+def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int) -> None:
+    for r in trace:
+        if r.total_len > cfg.max_seq_len:
+            raise ValueError(f"request {r.request_id}: {r.total_len} tokens exceed max_seq_len {cfg.max_seq_len}")
+        if r.total_len - 1 > total:  # the last sampled token is never stored
+            raise ValueError(f"request {r.request_id}: stores {r.total_len - 1} tokens, more than the pool's "
+                             f"{total} slots")
+
+
+class _Accounting:
+    """An executor wrapper that accounts the KV memory of each step before it runs (see the module
+    docstring); it decides nothing."""
+
+    def __init__(self, inner: SimulatedExecutor, run: _Run) -> None:
+        self.inner, self.run = inner, run
+
+    def execute(self, out) -> StepResult:
+        self.run.account()
+        return self.inner.execute(out)
+
+
+class _Run:
+    def __init__(self, trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig,
+                 step_time_s: Callable[[StepShape], float], record_steps: bool, account: bool,
+                 prompt_tokens: Callable[[Request], list[int]] | None) -> None:
+        self.bm = _manager(spec, cfg)
+        self.bs = spec.block_size
+        self.total = self.bm.num_blocks * self.bs
+        _check_trace(trace, cfg, self.total)
+        self.spec, self.cfg, self.record = spec, cfg, record_steps
+        watermark = math.ceil(cfg.watermark * self.bm.num_blocks) if spec.kind == "paged" else 0
+        self.sched = Scheduler(self.bm, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.token_budget,
+                               stop=StopRule(frozenset(), cfg.max_seq_len), policy=cfg.policy,
+                               prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
+        executor = SimulatedExecutor(step_time_s)
+        self.clock = SimClock()
+        self.core = EngineCore(self.sched, _Accounting(executor, self) if account else executor,
+                               clock=self.clock, can_fork=spec.kind == "paged")
+        self.pending = deque(sorted(trace, key=lambda r: (r.arrival_s, r.request_id)))
+        last = self.pending[-1].arrival_s if self.pending else 0.0
+        self.window = (cfg.warmup_frac * last, last) if last > 0 else (0.0, math.inf)
+        self.prompt_tokens = prompt_tokens or (lambda r: [0] * r.prompt_len)
+        self.requests: list[tuple[Request, object]] = []
+        self.num_steps = self.num_measured = self.peak = self.generated = 0
+        self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
+        self.running_sum = 0
+        self.steps: list[StepRecord] = []
+
+    def _arrive(self) -> None:
+        now, core = self.clock.now(), self.core
+        while self.pending and self.pending[0].arrival_s <= now:
+            r = self.pending.popleft()
+            req = core.new_request(self.prompt_tokens(r), SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+                                   arrival_s=r.arrival_s)
+            core.add(req)
+            self.requests.append((r, req))
+
+    def account(self) -> None:
+        sched, bm, bs = self.sched, self.bm, self.bs
+        tok = res = inte = rnd = 0
+        paged = self.spec.kind == "paged"
+        for seq in sched.running:
+            t = seq.num_table_tokens
+            if paged:
+                h = -(-t // bs) * bs
+            else:
+                h = bm.held_blocks(seq.seq_id) * bs
+                rnd += h - -(-bm.reserved_tokens(seq.seq_id) // bs) * bs
+            f = seq.num_prompt_tokens + seq.params.max_tokens - 1
+            u = h if h < f else f
+            tok += t
+            res += u - t
+            inte += h - u
+        held = tok + res + inte
+        if not self.cfg.enable_prefix_caching and held != bm.num_used_blocks * bs:
+            raise AssertionError(f"accounting drift: requests hold {held} slots, the allocator "
+                                 f"{bm.num_used_blocks * bs}")
+        free = self.total - held
+        ext = 0
+        if not paged and sched.waiting and len(sched.running) < sched.max_num_seqs:
+            head = sched.waiting[0]
+            need = bm.footprint_blocks(head.num_tokens, output_len=head.params.max_tokens - head.num_output_tokens)
+            if bm.num_free_blocks >= need:
+                ext = free
+        row = (tok, res, inte, rnd, ext, free - ext)
+        now = self.clock.now()
+        if self.window[0] <= now <= self.window[1]:
+            self.num_measured += 1
+            self.running_sum += len(sched.running)
+            self.sums = [a + b for a, b in zip(self.sums, row)]
+        if self.record:
+            self.steps.append(StepRecord(now, *row, len(sched.running), len(sched.waiting)))
+
+    def step(self) -> bool:
+        """Run one step; False when the run is over (all done, or past the window without drain)."""
+        self._arrive()
+        core = self.core
+        if not core.has_unfinished():
+            if not self.pending:
+                return False
+            self.clock.advance_to(self.pending[0].arrival_s)  # idle: skip to the next arrival
+            return True
+        if self.clock.now() > self.window[1] and not self.cfg.drain:
+            return False
+        try:
+            report = core.step()
+        except RuntimeError as e:  # the scheduler could not place the head of the queue at all
+            head = self.sched.waiting[0] if self.sched.waiting else None
+            raise ValueError(f"request {head and head.request_id} can never be admitted by {self.spec.name} "
+                             f"with {self.total} slots: {e}") from None
+        self.generated += len(report.sampled)
+        self.peak = max(self.peak, len(self.sched.running) + len(report.finished))
+        self.num_steps += 1
+        return True
+
+    def result(self) -> SimResult:
+        m = max(self.num_measured, 1)
+        shares = Shares(*(s / (m * self.total) for s in self.sums))
+        lat = [(req.finish_s - r.arrival_s, r.output_len) for r, req in self.requests if req.finish_s is not None]
+        norm = sum(d / n for d, n in lat) / len(lat) if lat else None
+        return SimResult(self.spec.name, self.total, self.num_steps, self.num_measured, shares,
+                         self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
+                         self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat))
+
+
+def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = SimConfig(), *,
+             step_time_s: Callable[[StepShape], float] | None = None, record_steps: bool = False,
+             account: bool = True, prompt_tokens: Callable[[Request], list[int]] | None = None,
+             on_step: Callable[[], None] | None = None) -> SimResult:
+    """Serve ``trace`` with ``spec``'s KV manager under ``cfg`` (see the module docstring).
+
+    ``step_time_s``: each step's duration from its shape (default: ``cfg.step_s``, constant).
+    ``account=False`` skips the memory accounting (shares and mean batch stay 0; the latency does not
+    need them). ``prompt_tokens(request)``: the prompt's token ids (default: zeros; what matters to a
+    simulation is their number, unless prefix caching is on).
+    """
+    run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
+               prompt_tokens)
+    while run.step():
+        if on_step is not None:
+            on_step()
+    return run.result()
+
+
+def sharing_saving(trace: tuple[Request, ...], n: int, block_size: int) -> float:
+    """Memory saved by sharing for parallel sampling with ``n`` samples (vLLM paper, Figure 15).
+
+    Each request alone (no memory pressure): its prompt is allocated once and forked ``n - 1`` times
+    (:meth:`refengine.BlockManager.fork`); every sample then generates the request's output, one token
+    a step. Returns ``1 - (blocks used with sharing) / (blocks n independent copies would use)``, both
+    summed over every step of every request (a time average, as in serving).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    shared = independent = 0
+    for r in trace:
+        blocks_needed = n * -(-r.total_len // block_size)
+        bm = BlockManager(blocks_needed, block_size)
+        bm.allocate(0, [0] * r.prompt_len)
+        for child in range(1, n):
+            bm.fork(0, child)
+        for step in range(1, r.output_len + 1):
+            for s in range(n):
+                bm.append_token(s, 0)
+            shared += bm.num_used_blocks
+            independent += n * -(-(r.prompt_len + step) // block_size)
+    return 1.0 - shared / independent
