@@ -1,10 +1,11 @@
-"""The memory-waste study (issue 3 §6): where KV memory goes under Orca's reservations and paging.
+"""The memory-waste study: where KV memory goes under Orca's reservations and paging.
 
 ``python -m pagedbench.bench --only memory_study`` (or ``main([])``) runs the default config
 (``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
-(:mod:`pagedbench.bench.serving_sim`, the real scheduler on a simulated clock) under one KV budget at the main step time and at each step time of the
-sweep; the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
+(:mod:`pagedbench.bench.serving_sim`: the real scheduler on a simulated clock) under one KV budget at
+the main step time and at each constant step time of the sweep (a sensitivity analysis; the serving
+study takes its step times from the step-cost model instead); the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
 ``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside ours) and
 ``results/memory_*.png``, and prints the tables.
 """

@@ -35,7 +35,7 @@ class Recording:
 
 def requests():
     prompts = [[(7 * i + j) % 64 for j in range(n)] for i, n in enumerate((9, 17, 5, 23, 9, 12))]
-    prompts[4] = prompts[0][:8] + [1]  # a prefix hit
+    prompts[4] = [*prompts[0][:8], 1]  # a prefix hit
     params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=t, n=k, seed=s)
               for m, t, k, s in ((14, 0.0, 1, None), (9, 1.0, 3, 5), (20, 0.7, 1, None), (6, 0.0, 2, None),
                                  (11, 1.0, 1, 3), (16, 0.0, 1, None))]
