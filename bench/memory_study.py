@@ -5,7 +5,8 @@
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
 (:mod:`pagedbench.bench.serving_sim`: the real scheduler on a simulated clock) under one KV budget at
 the main step time and at each constant step time of the sweep (a sensitivity analysis; the serving
-study takes its step times from the step-cost model instead); the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
+study takes its step times from the step-cost model instead);
+the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
 ``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside ours) and
 ``results/memory_*.png``, and prints the tables.
 """
