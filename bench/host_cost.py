@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 from pagedbench.bench import environment as env_mod
+from pagedbench.bench import records as result_files
 from pagedbench.bench import workloads
 from tabulate import tabulate
 
@@ -274,9 +275,9 @@ def main(argv: list[str]) -> None:
            "machine_load": {"load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0]}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "host_cost.json").write_text(json.dumps(doc, indent=1) + "\n")
+    result_files.write_json(out / "host_cost.json", doc)
     text = markdown(doc)
-    (out / "host_cost.md").write_text(text)
+    result_files.write_text(out / "host_cost.md", text)
     print(text)
 
 

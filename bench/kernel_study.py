@@ -17,7 +17,6 @@ or ``python -m pagedbench.bench.kernel_study [--full]``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -26,11 +25,12 @@ from pathlib import Path
 import torch
 import yaml
 from pagedbench import kernels
+from pagedbench.bench import records
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
 from pagedbench.kernels import device, reference
 from tabulate import tabulate
 
-CONFIG = Path(__file__).resolve().parent / "configs" / "pagedbench.kernels.yaml"
+CONFIG = Path(__file__).resolve().parent / "configs" / "kernels.yaml"
 TOLERANCE = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}  # relative L2 error vs float64
 
 
@@ -234,9 +234,9 @@ def main(argv: list[str]) -> None:
               "config": cfg,
               **body}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "pagedbench.kernels.json").write_text(json.dumps(result, indent=2) + "\n")
+    records.write_json(args.out_dir / "kernels.json", result)
     markdown = render_markdown(result)
-    (args.out_dir / "pagedbench.kernels.md").write_text(markdown)
+    records.write_text(args.out_dir / "kernels.md", markdown)
     print(markdown)
     if body["status"] == "ok" and not body["validity"]["valid"]:
         raise SystemExit("kernel_study: a kernel disagreed with the reference (see results/kernels.md)")

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from pagedbench.bench import records
 from pagedbench.bench.memory_report import POLICIES, baselines, find_run
 
 PARTS = (("token_states", "token states"), ("reserved", "reserved"),
@@ -41,7 +42,7 @@ def plot_shares(doc: dict, path: Path) -> None:
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=len(PARTS), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=120)
+    records.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -71,7 +72,7 @@ def plot_block_sizes(doc: dict, path: Path) -> None:
             ax.set_ylabel(ylabel)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    records.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -95,7 +96,7 @@ def plot_step_sweep(doc: dict, path: Path) -> None:
         ax.set_title(w["name"])
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    records.save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from pagedbench.bench import environment as env_mod
-from pagedbench.bench import workloads
+from pagedbench.bench import records, workloads
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
 
@@ -156,9 +155,9 @@ def main(argv: list[str]) -> None:
     doc = {"environment": env_mod.environment(), **run_study(cfg)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "memory.json").write_text(json.dumps(doc, indent=1) + "\n")
+    records.write_json(out / "memory.json", doc)
     text = memory_report.markdown(doc)
-    (out / "memory.md").write_text(text)
+    records.write_text(out / "memory.md", text)
     if not args.no_plots:
         memory_plots.plot_all(doc, out)
     print(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pagedbench.bench import records
 from pagedbench.bench.environment import environment_markdown
 from tabulate import tabulate
 
@@ -148,7 +149,7 @@ def write_markdown(result: dict, path: Path) -> str:
         ]
     parts += [PAPER, "", "## Environment\n", environment_markdown(result["environment"])]
     text = "\n".join(parts)
-    path.write_text(text)
+    records.write_text(path, text)
     return text
 
 
@@ -180,5 +181,5 @@ def write_plot(result: dict, path: Path) -> None:
     ax.set_title("KV memory saved by sharing (%)")
     fig.suptitle(f"Throughput study ({result['config']['section']}, model {result['config']['model']!r})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    records.save_figure(fig, path, dpi=110)
     plt.close(fig)

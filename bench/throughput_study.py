@@ -20,7 +20,6 @@ results/throughput.json, results/throughput.md and results/throughput.png.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -224,7 +223,7 @@ def main(argv: list[str]) -> None:
               "torch_threads_used": torch.get_num_threads(), "full": args.full}
     result = {"study": "throughput", "environment": environment(), "config": config, "records": records}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    records.write_json(args.out / "throughput.json", result)
     print(write_markdown(result, args.out / "throughput.md"))
     write_plot(result, args.out / "throughput.png")
     print(f"wrote {args.out / 'throughput.json'}, throughput.md, throughput.png")

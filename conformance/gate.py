@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from pathlib import Path
 
 import pytest
+from pagedbench.bench import records
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = Path("results/conformance")
@@ -138,7 +138,7 @@ def write_summary(path: Path, impl: str, cmd: list[str], cases: dict[str, dict])
         counts[entry["outcome"]] += 1
     summary = {"schema_version": SCHEMA_VERSION, "implementation": impl, "environment": environment(),
                "pytest_args": cmd, "counts": counts, "cases": cases}
-    path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    records.write_json(path, summary)
     return summary
 
 
