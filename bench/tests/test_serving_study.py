@@ -15,7 +15,8 @@ TINY = {
     "allocators": [{"kind": "orca", "block_size": 1, "policy": "max"}, {"kind": "paged", "block_size": 16}],
     "policies": ["separate"], "policy_comparison_settings": [], "max_num_seqs": 256,
     "max_num_batched_tokens": 2560, "watermark": 0.01, "gpu_memory_utilization": 0.9, "thresholds": [2.0, 4.0],
-    "low_load_requests": 20, "bisection_steps": 2, "seeds": [0], "memory_points": [{"dataset": "sharegpt", "rate": 2.0}],
+    "low_load_requests": 20, "bisection_steps": 2, "seeds": [0],
+    "memory_points": [{"dataset": "sharegpt", "rate": 2.0}],
     "workers": 1,
 }
 
