@@ -32,3 +32,7 @@ class InvalidArgumentError(KVCacheError, ValueError):
 
 class InvalidRequestError(KVCacheError, ValueError):
     """A request the engine cannot serve (empty prompt, token outside the vocabulary, too long...)."""
+
+
+class InsufficientMemoryError(KVCacheError, MemoryError):
+    """The KV pool asked for more memory than the device has available; nothing was allocated."""

@@ -78,6 +78,8 @@ def test_allocate_rejects_bad_seq_id(bm, seq_id, error, match):
     ([1, 2**63], r"token ids must be in \[0, 2\*\*63\), got one >= 2\*\*63"),
     ([1, 2.5], "token_ids must be a sequence of ints"),
     ("abc", "token_ids must be a sequence of ints, got str"),
+    ([1, True, 2], "token ids must be ints, got a bool"),
+    ([False], "token ids must be ints, got a bool"),
 ])
 def test_allocate_rejects_bad_tokens(bm, tokens, match):
     _unchanged(bm, ["a"], lambda: bm.allocate("b", tokens), InvalidArgumentError, match)
@@ -112,6 +114,7 @@ def test_append_token_grows_at_block_edges(bm):
     ("zz", 1, UnknownSequenceError, "unknown sequence 'zz'"),
     ("a", -3, InvalidArgumentError, r"token id must be in \[0, 2\*\*63\), got -3"),
     ("a", "7", InvalidArgumentError, "token id must be an int, got str"),
+    ("a", True, InvalidArgumentError, "token id must be an int, got bool True"),
     ({}, 1, InvalidArgumentError, "seq_id must be hashable, got dict"),
 ])
 def test_append_token_rejects(bm, seq_id, token, error, match):

@@ -408,6 +408,8 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _token_id(token_id: object) -> int:
+    if isinstance(token_id, bool):  # an int subclass, and never a token: a caller's mistake
+        raise InvalidArgumentError(f"token id must be an int, got bool {token_id!r}")
     try:
         t = operator.index(token_id)
     except TypeError:
@@ -432,6 +434,9 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
         raise InvalidArgumentError("a prompt needs at least 1 token, got 0")
     if min(words) < 0:
         raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {min(words)}")
-    if type(tokens[0]) is not int or type(tokens[-1]) is not int:  # numpy or torch scalars: plain ints
+    types = set(map(type, tokens))  # at C speed; array("q") accepts bools, which are never tokens
+    if bool in types:
+        raise InvalidArgumentError("token ids must be ints, got a bool")
+    if types != {int}:  # numpy or torch scalars: plain ints
         tokens = words.tolist()
     return tokens

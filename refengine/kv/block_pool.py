@@ -29,13 +29,13 @@ up as NaN in attention output instead of passing silently as zeros; ``poison=Fal
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from pagedbench.kernels import device as _device
-from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 
 #: torch dtype -> (unsigned storage dtype name of the same width, NaN bit pattern)
 _STORAGE: dict[torch.dtype, tuple[str, int]] = {
@@ -61,6 +61,24 @@ def _array_module() -> tuple[Any, Any]:
     return np, torch.from_numpy
 
 
+def available_memory_bytes(is_gpu: bool) -> int | None:
+    """Memory the pool could take now: the GPU's free memory, or the host's ``MemAvailable``.
+
+    None when it cannot be told (the check is then skipped)."""
+    if is_gpu:
+        import cupy
+
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgumentError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -75,13 +93,15 @@ class BlockPool:
     Size it with exactly one of ``num_blocks`` or ``memory_bytes`` (a budget, as vLLM sizes from
     ``gpu_memory_utilization``: ``num_blocks = memory_bytes // bytes_per_block``, where
     ``bytes_per_block`` counts every layer, K and V). ``device``, if given, must be the backend's device
-    (the pool always lives where :func:`kernels.device.backend` says).
+    (the pool always lives where :func:`kernels.device.backend` says). Before allocating, the pool's
+    size is checked against ``memory_probe(is_gpu)`` (default: the device's available memory).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
                  dtype: torch.dtype = torch.float32, *, num_blocks: int | None = None,
                  memory_bytes: int | None = None, poison: bool = True,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None,
+                 memory_probe: Callable[[bool], int | None] = available_memory_bytes) -> None:
         self.num_layers = _positive_int("num_layers", num_layers)
         self.num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = _positive_int("head_dim", head_dim)
@@ -101,6 +121,14 @@ class BlockPool:
         self.total_bytes = self.num_blocks * self.bytes_per_block
         self.num_slots = self.num_blocks * self.block_size
         self.poison = bool(poison)
+        # A pool larger than the memory there is would be killed by the OOM killer (host) or fail deep in
+        # the allocator (GPU) after part of it was taken: refuse it up front, naming both sizes.
+        available = memory_probe(_device.backend().is_gpu)
+        if available is not None and self.total_bytes > available:
+            where = "GPU" if _device.backend().is_gpu else "host"
+            raise InsufficientMemoryError(
+                f"the KV pool needs {self.total_bytes:,} bytes ({self.num_blocks} blocks x "
+                f"{self.bytes_per_block:,} bytes) but the {where} has {available:,} bytes available")
         self._arrays, self._k, self._v = self._allocate()
         # Flat [num_slots, Hkv, D] views of the same memory, for slot writes.
         self._k_flat = [t.view(self.num_slots, self.num_kv_heads, self.head_dim) for t in self._k]

@@ -76,9 +76,9 @@ def load_model(
     if not config_path.is_file():
         raise CheckpointError(f"{folder} has no config.json")
     config = _with_generation_eos(ModelConfig.from_hf_dict(json.loads(config_path.read_text())), folder)
-    state = _read_safetensors(folder)
+    state, sources = _read_safetensors(folder)
     model = _build(config, dtype, device, backend)
-    _load_state(model, state)
+    _load_state(model, state, sources)
     return LoadedModel(model, model.config, _load_tokenizer(folder), str(folder))
 
 
@@ -140,22 +140,29 @@ def _weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of every shard, on the CPU in the checkpoint's dtype; a name in two shards is an error."""
+def _read_safetensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """Every tensor of every shard, on the CPU in the checkpoint's dtype, and the file each came from;
+    a name in two shards, or a file safetensors cannot read, is an error naming the file."""
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
+    sources: dict[str, Path] = {}
     for path in _weight_files(folder):
-        for name, tensor in load_file(str(path), device="cpu").items():
+        try:
+            tensors = load_file(str(path), device="cpu")
+        except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+            raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+        for name, tensor in tensors.items():
             if name in state:
                 raise CheckpointError(
-                    f"tensor {name!r} appears in more than one shard (again in {path.name})"
+                    f"tensor {name!r} appears in more than one shard ({sources[name].name} and {path.name})"
                 )
             state[name] = tensor
-    return state
+            sources[name] = path
+    return state, sources
 
 
-def _load_state(model: LlamaModel, state: dict[str, torch.Tensor]) -> None:
+def _load_state(model: LlamaModel, state: dict[str, torch.Tensor], sources: dict[str, Path] | None = None) -> None:
     """Copy ``state`` into ``model`` (cast to its dtype), after the strict name and shape check."""
     tied = model.config.tie_word_embeddings
     expected = model.state_dict()
@@ -171,15 +178,26 @@ def _load_state(model: LlamaModel, state: dict[str, torch.Tensor]) -> None:
             f"checkpoint does not match the {model.config.architecture} config: "
             f"missing tensors {missing}, unexpected tensors {unexpected}"
         )
+    sources = sources or {}
+
+    def where(name: str) -> str:
+        return f"{sources[name]}: " if name in sources else ""
+
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}; the config expects "
+                f"{where(name)}tensor {name!r} has shape {tuple(tensor.shape)}; the config expects "
                 f"{tuple(expected[name].shape)}"
             )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{where(name)}tensor {name!r} holds {bad} NaN or Inf values")
     with torch.no_grad():
         for name, tensor in state.items():
             expected[name].copy_(tensor)  # state_dict() entries share storage with the parameters
+            if not bool(torch.isfinite(expected[name]).all()):  # finite in the file, not in the model's dtype
+                raise CheckpointError(f"{where(name)}tensor {name!r} overflows {expected[name].dtype}: "
+                                      f"values up to {float(tensor.abs().max()):.3g}")
 
 
 def _load_tokenizer(folder: Path) -> Any | None:

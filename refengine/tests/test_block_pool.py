@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from pagedbench.refengine import BlockPool
-from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 from pagedbench.refengine.kv import block_pool as block_pool_module
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -233,3 +233,33 @@ def test_write_slots_accepts_int32_and_int64_slot_tensors(index_dtype):
     pool.write_slots(1, torch.tensor([19, 0], dtype=index_dtype), k, v)  # the last slot and the first
     flat = pool.k(1).reshape(-1, HKV, D)
     assert torch.equal(flat[19], k[0]) and torch.equal(flat[0], k[1])
+
+
+def test_a_pool_larger_than_available_memory_is_refused_before_allocating():
+    calls = []
+
+    def probe(is_gpu):
+        calls.append(is_gpu)
+        return 1000
+
+    with pytest.raises(InsufficientMemoryError, match=r"needs 1,024 bytes .* host has 1,000 bytes available"):
+        BlockPool(1, 1, 4, 4, torch.float32, num_blocks=8, memory_probe=probe)  # 8 x 128 bytes
+    assert calls == [False]
+    pool = BlockPool(1, 1, 4, 4, torch.float32, num_blocks=7, memory_probe=probe)  # 896 bytes fit
+    assert pool.total_bytes == 896
+
+
+def test_the_default_probe_reads_the_host():
+    from pagedbench.refengine.kv.block_pool import available_memory_bytes
+
+    avail = available_memory_bytes(False)
+    assert avail is None or 0 < avail < 1 << 50
+
+
+@pytest.mark.gpu
+def test_the_gpu_probe_refuses_a_pool_larger_than_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    free = torch.cuda.mem_get_info()[0]
+    with pytest.raises(InsufficientMemoryError, match="the GPU has"):
+        BlockPool(1, 8, 128, 16, torch.float16, memory_bytes=2 * free)

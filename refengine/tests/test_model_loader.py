@@ -4,6 +4,7 @@ attention metadata and backend selection (issue 5 §1)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -85,6 +86,35 @@ def test_unexpected_tensor_is_named(llama_folder):
 def test_wrong_shape_names_expected_and_actual(llama_folder):
     rewrite_weights(llama_folder, lambda s: s.update({"model.norm.weight": torch.ones(31)}))
     with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' has shape \(31,\).*expects \(32,\)"):
+        load_model(llama_folder)
+
+
+def test_shape_error_names_the_file(llama_folder):
+    rewrite_weights(llama_folder, lambda s: s.update({"model.norm.weight": torch.ones(31)}))
+    with pytest.raises(CheckpointError, match=re.escape(str(llama_folder / "model.safetensors"))):
+        load_model(llama_folder)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_weights_are_refused_naming_file_and_tensor(llama_folder, bad):
+    def poison(state):
+        state["model.layers.0.mlp.up_proj.weight"][3, 5] = bad
+
+    rewrite_weights(llama_folder, poison)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.up_proj"
+                                              r"\.weight' holds 1 NaN or Inf values"):
+        load_model(llama_folder)
+
+
+def test_weights_that_overflow_the_chosen_dtype_are_refused(llama_folder):
+    rewrite_weights(llama_folder, lambda s: s["model.norm.weight"].__setitem__(0, 1e6))
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' overflows torch\.float16"):
+        load_model(llama_folder, dtype="float16")
+
+
+def test_a_corrupt_file_is_named(llama_folder):
+    (llama_folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
         load_model(llama_folder)
 
 
