@@ -184,15 +184,39 @@ def test_collision_at_the_parent_is_caught_by_the_parent_check(impl, monkeypatch
     m.allocate("S1", [3, 4, 9], publish=False)  # blocks [0, 1]
     m.allocate("S2", [3, 4, 5, 6, 9], publish=False)  # blocks [2, 3, 4]: its own copy of (3, 4)
     m.publish_blocks("S1", 2)  # (3, 4) cached in block 0
-    m.publish_blocks("S2", 4)  # (3, 4) already cached: block 2 stays private; (5, 6) in block 3
+    m.publish_blocks("S2", 4)  # (3, 4) already cached: block 2 is its twin; (5, 6) in block 3
     m.free("S1")  # block 0 cached, free order [5, 6, 7, 1, 0]
     m.allocate("U", list(range(30, 40)))  # 5 blocks: the 4 uncached, then evicts block 0
     assert m.block_table("U") == [5, 6, 7, 1, 0] and m.metrics().evictions == 1
     m.free("U")
-    m.allocate("X", [1, 2, 7])  # (1, 2) is published in block 0 under the hash (3, 4) had
-    assert m.block_table("X")[0] == 0
-    m.free("S2")  # (5, 6) in block 3 stays cached: its parent is the evicted (3, 4)
-    # a token-only check would serve block 3, whose KV was computed after (3, 4), not (1, 2)
-    assert m.allocate("Q", [1, 2, 5, 6, 9]) == 2
-    assert m.block_table("Q") == [0, 4, 2]
+    # (1, 2) hashes as (3, 4), whose KV lives on in block 2: the token check refuses it, and (1, 2)
+    # cannot be published under that hash while (3, 4) is cached
+    assert m.allocate("X", [1, 2, 7]) == 0
+    m.free("S2")  # (5, 6) in block 3 stays cached, a child of (3, 4)
+    # a token-only check at (1, 2) would lead on to block 3, whose KV was computed after (3, 4)
+    assert m.allocate("Q", [1, 2, 5, 6, 9]) == 0
+    assert 3 not in m.block_table("Q")
+    assert m.allocate("R", [3, 4, 5, 6, 9]) == 4 and m.block_table("R")[:2] == [2, 3]  # the twin serves
+    m.check_invariants()
+
+
+def test_identical_prompts_admitted_together_keep_their_reuse(impl):
+    """Two requests with one prompt, admitted in one step, compute its KV twice. When the first finishes
+    and its cached blocks are evicted, the survivor's copy must still serve a prompt equal to its
+    computed tokens (vLLM and nano-vllm reuse all of it); losing it is no wrong data, but lost reuse."""
+    bs = 4
+    m = impl.block_manager(12, bs, enable_prefix_caching=True)
+    prompt = list(range(1, 13))  # 3 full blocks
+    for seq in ("a", "b"):
+        m.allocate(seq, prompt, publish=False)
+    for seq in ("a", "b"):
+        m.publish_blocks(seq, 12)
+    m.free("a")
+    for i in range(9):  # the 6 uncached blocks, then a's 3 cached ones, evicted
+        m.allocate(("filler", i), [100 + i], publish=False)
+    assert m.metrics().evictions == 3
+    m.free(("filler", 0))  # room for c's last block
+    m.check_invariants()
+    assert m.allocate("c", [*prompt, 99]) == 12
+    assert m.block_table("c")[:3] == m.block_table("b")
     m.check_invariants()

@@ -82,7 +82,7 @@ class BlockManager:
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
                  "_failed_allocations", "_forks", "_free", "_next_content_id", "_num_blocks",
-                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "enable_prefix_caching")
+                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "_twins", "enable_prefix_caching")
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
         self._num_blocks = _positive_int("num_blocks", num_blocks)
@@ -92,6 +92,10 @@ class BlockManager:
         self._free = FreeBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
         self._cached = FreeBlockQueue()  # free blocks holding published KV, LRU first (evictable)
         self._cache: dict[bytes, KVBlock] = {}  # block hash -> published block (in use or cached)
+        # block hash -> other blocks holding the same KV (two requests with one prompt computed it twice);
+        # cached too, so that the KV outlives the first copy's eviction; one of them takes the map's
+        # place when the block there is evicted
+        self._twins: dict[bytes, list[KVBlock]] = {}
         self._seqs: dict[Hashable, _Sequence] = {}
         self._next_content_id = 1
         self._prefix_query_tokens = 0  # prompt tokens looked up (successful allocations)
@@ -346,7 +350,17 @@ class BlockManager:
             b = self._free.popleft()
         else:
             b = self._cached.popleft()
-            del self._cache[b.block_hash]
+            h = b.block_hash
+            twins = self._twins.get(h)
+            if self._cache[h] is b:
+                if twins:
+                    self._cache[h] = twins.pop()
+                else:
+                    del self._cache[h]
+            else:
+                twins.remove(b)
+            if twins is not None and not twins:
+                del self._twins[h]
             b.clear_cache_entry()
             self._evictions += 1
         b.ref_count = 1
@@ -391,7 +405,12 @@ class BlockManager:
                 cache[nh] = b
                 key = b.content_id
             elif existing.token_ids == chunk and existing.parent_key == key:
-                key = existing.content_id  # the same KV is cached already (maybe in another block)
+                b = seq.blocks[i]
+                if b.block_hash is None:  # the same KV, computed again in another block: a twin
+                    b.block_hash, b.parent_hash, b.token_ids, b.parent_key = nh, h, chunk, key
+                    b.content_id = existing.content_id  # children chain off either copy alike
+                    self._twins.setdefault(nh, []).append(b)
+                key = existing.content_id
             else:  # a collision: never let this chain's children point under another prompt's block
                 key = None
                 i = upto_blocks

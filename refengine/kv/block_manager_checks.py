@@ -66,7 +66,8 @@ def compute_metrics(bm: BlockManager) -> BlockManagerMetrics:
     live = sum(filled.values())
     return BlockManagerMetrics(
         num_blocks=bm.num_blocks, block_size=bs, num_sequences=len(bm._seqs), used_blocks=used,
-        free_blocks=len(bm._free), cached_blocks=len(bm._cached), published_blocks=len(bm._cache),
+        free_blocks=len(bm._free), cached_blocks=len(bm._cached),
+        published_blocks=len(bm._cache) + sum(len(t) for t in bm._twins.values()),
         live_tokens=live, allocated_slots=used * bs, internal_fragmentation_slots=used * bs - live,
         prefix_query_tokens=bm._prefix_query_tokens, prefix_hit_tokens=bm._prefix_hit_tokens,
         evictions=bm._evictions, copy_on_write_copies=bm._copy_on_write_copies, forks=bm._forks,
@@ -140,8 +141,16 @@ def _check_cache_map(bm: BlockManager) -> None:
             _fail("cache map", f"published block {b.block_id} lacks its tokens or parent hash")
         if prefix_hash.block_hash(b.parent_hash, b.token_ids) != h:
             _fail("cache map", f"block {b.block_id}'s tokens do not reproduce its hash")
+    for h, twins in bm._twins.items():
+        first = bm._cache.get(h)
+        for b in twins:
+            if first is None or b is first or b.block_hash != h or b.token_ids != first.token_ids \
+                    or b.content_id != first.content_id or b.parent_key != first.parent_key:
+                _fail("cache map", f"twin block {b.block_id} does not hold the same KV as the block its hash maps to")
     published = [b for b in bm._blocks if b.block_hash is not None]
-    if len(published) != len(bm._cache):
-        _fail("cache map", f"{len(published)} blocks carry a hash but the map has {len(bm._cache)}")
-    if len({b.content_id for b in published}) != len(published):
-        _fail("cache map", "two published blocks share a content id")
+    num_twins = sum(len(t) for t in bm._twins.values())
+    if len(published) != len(bm._cache) + num_twins:
+        _fail("cache map", f"{len(published)} blocks carry a hash but the map has {len(bm._cache)} "
+                           f"and {num_twins} twins")
+    if len({b.content_id for b in published}) != len(bm._cache):
+        _fail("cache map", "two published blocks with different KV share a content id")

@@ -302,8 +302,9 @@ def test_stats_after_generate(loaded):
     assert (s.num_used_blocks, s.num_free_blocks, s.num_requests) == (0, 32, 2)
     assert s.num_prompt_tokens == 18 and s.num_generated_tokens == 10
     assert s.prefix_query_tokens == 18 and s.prefix_hit_tokens == 0  # twins in one step: no hit
-    # 13 tokens held at the end (9 + 5 - 1: the last one never stored): 3 full blocks stay cached
-    assert s.num_cached_blocks == 3 and s.peak_running_seqs == 2 and s.num_steps == 5
+    # 13 tokens held at the end (9 + 5 - 1: the last one never stored): 3 full blocks each stay cached,
+    # the second request's as twins of the first's (the same KV, kept so it outlives either copy)
+    assert s.num_cached_blocks == 6 and s.peak_running_seqs == 2 and s.num_steps == 5
     llm.generate([prompt], GREEDY)
     s = llm.stats
     assert s.prefix_hit_tokens == 8 and s.prefix_hit_rate == pytest.approx(8 / 27)
