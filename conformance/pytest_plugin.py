@@ -17,7 +17,7 @@ from pagedbench.conformance import adapter
 BUILTIN_IMPLS = ("triton", "torch", "flex")
 #: what runs without --impl: the built-ins expected to pass (flex is known to fail, see
 #: conformance/flex_adapter.py; check it with `python -m pagedbench.conformance --impl flex`)
-DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.get(n).expected_to_pass)
+DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.expected_to_pass(n))
 
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.register_profile(
