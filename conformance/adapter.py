@@ -13,7 +13,12 @@ the suite, subclass :class:`Implementation`, override what it supports, and regi
 Every method that is not overridden raises :class:`NotSupported`, which the suite reports as
 "not supported" (a skip with the reason), never as a pass. Signatures follow the ``kernels`` contract;
 see ``kernels/__init__.py`` for shapes and dtypes. Set ``device`` to where the implementation wants its
-tensors (the suite builds inputs there) and ``dtypes`` to the dtypes it claims.
+tensors (the suite builds inputs there) and ``capabilities`` to the optional parts of the contract it
+supports (:class:`Capabilities`: LSE, block sizes, ``num_splits``, zero-length rows, bit-exact batch
+invariance, sliding windows, dtypes); the suite then reports each case that needs something else as
+"not supported" for that case alone, and judges the rest (an implementation without LSE still has its
+outputs checked). Raising :class:`NotSupported` from a method still works, for what the declarations do
+not cover.
 
 Then run the gate on it: ``python -m pagedbench.conformance --impl mine --load mypkg.paged_adapter`` (``--load``
 imports the module that registers it), or ``pytest conformance -p mypkg.paged_adapter --impl mine``.
@@ -25,6 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from pagedbench.conformance.capabilities import Capabilities
+
+__all__ = ["Capabilities", "Implementation", "NotSupported", "available", "expected_to_pass", "get", "register"]
 
 
 class NotSupported(Exception):
@@ -36,10 +44,17 @@ class Implementation:
 
     name: str = "unnamed"
     device: torch.device = torch.device("cpu")
-    #: dtypes the implementation claims; cases with other dtypes are "not supported"
+    #: dtypes the implementation claims; cases with other dtypes are "not supported" (kept for adapters
+    #: written before ``capabilities``: a case must be in both)
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    #: the optional parts of the contract it supports
+    capabilities: Capabilities = Capabilities()
     #: False for deliberately broken implementations (the mutation check)
     expected_to_pass: bool = True
+
+    def describe(self) -> dict[str, object]:
+        """What the gate records about where this implementation runs (override to add more)."""
+        return {"device": str(self.device)}
 
     def _unsupported(self, op: str) -> NotSupported:
         return NotSupported(f"{self.name} does not implement {op}")
@@ -89,6 +104,12 @@ def register(name: str):
 def available() -> list[str]:
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def expected_to_pass(name: str) -> bool:
+    """Whether ``name`` is expected to pass, read without building it (building ours imports kernels)."""
+    _load_builtin()
+    return bool(getattr(_REGISTRY[name], "expected_to_pass", True))
 
 
 def get(name: str) -> Implementation:

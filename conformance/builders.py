@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import pytest
 import torch
-from pagedbench.conformance import oracle
+from pagedbench.conformance import capabilities, oracle
 from pagedbench.conformance.cases import AttentionCase
 
 
@@ -131,7 +132,12 @@ def expected(case: AttentionCase, x: PagedInputs) -> oracle.OracleResult:
 
 
 def call(impl, case: AttentionCase, x: PagedInputs, **overrides):
-    """Run ``case``'s operation on ``impl`` with ``x`` (keyword overrides: out=, return_lse=, ...)."""
+    """Run ``case``'s operation on ``impl`` with ``x`` (keyword overrides: out=, return_lse=, ...).
+
+    A case (or an LSE) the implementation does not declare is reported "not supported" (a skip)."""
+    capabilities.require(impl, case, num_splits=overrides.get("num_splits"))
+    if overrides.get("return_lse") and not impl.capabilities.returns_lse:
+        pytest.skip(f"not supported: {impl.name} does not return LSE")
     kwargs = {"scale": x.scale, "sliding_window": case.sliding_window}
     if case.op == "decode":
         kwargs["num_splits"] = case.num_splits

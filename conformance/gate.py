@@ -1,91 +1,70 @@
-"""The conformance gate: run the suite against one implementation, write JUnit XML + a JSON summary.
+"""The conformance gate: run the suite against one implementation, write a JSON summary + JUnit XML.
 
-``python -m pagedbench.conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]``
-(``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter`` imports a module that registers another
-project's implementation (``@conformance.adapter.register("mine")``) before the suite runs.
-Writes ``DIR/NAME.junit.xml`` (pytest's ``--junitxml``; measured errors appear as test properties) and
-``DIR/NAME.json``::
+``python -m pagedbench.conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]
+[--timeout S] [--strict-validation]`` (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter``
+imports a module that registers another project's implementation (``@conformance.adapter.register``).
 
-    {"schema_version": 1, "implementation": "torch", "environment": {...}, "pytest_args": [...],
-     "counts": {"pass": 120, "fail": 0, "not supported": 3, "skipped": 0, "error": 0},
+Isolation: every suite module runs in a worker subprocess (``conformance.worker``) that streams each
+case's outcome to a file as it is known. When a worker dies (a signal such as SIGSEGV/SIGABRT, an exit
+without its final record, or ``--timeout`` seconds per module), the case it was running is recorded as
+``crashed`` and the module resumes in a fresh worker with the cases not yet reported (at most
+``MAX_RESUMES`` times; then the rest are ``crashed`` too). The gate itself imports no kernel and no
+Triton; ours are imported by the worker only when the implementation is ours.
+
+Writes, atomically, ``DIR/NAME.json``::
+
+    {"schema_version": 2, "implementation": "torch", "capabilities": {...}, "environment": {...},
+     "strict_validation": false, "gate_passed": true, "counts": {"pass": 120, "fail": 0, ...},
+     "counts_by_category": {"numerics": {...}, "block-manager": {...}, "validation": {...}},
+     "validation": {"rejects": 12, "accepts-invalid": 0, ...},
      "cases": {"conformance/suite/test_decode.py::test_decode_matches_oracle[torch-decode/bs=16,...]":
-               {"outcome": "pass", "errors": {"out_max_abs_err": 0.0009, "out_rel_err": 0.0002}}, ...}}
+               {"outcome": "pass", "category": "numerics", "errors": {"out_max_abs_err": 0.0009}}, ...}}
 
-Outcomes: ``pass``; ``fail`` (an assertion: wrong result); ``error`` (the implementation or a fixture
-raised something other than an assertion — also counted as a failure by the exit status); ``not
-supported`` (the implementation raised ``NotSupported`` or does not claim the dtype); ``skipped`` (any
-other skip, e.g. a test that needs a GPU). The exit status is non-zero on any fail or error.
+and ``DIR/NAME.junit.xml`` with the same cases. Outcomes and categories: see ``conformance.outcomes``.
+Exit status: non-zero when any case fails, errors or crashes — except validation findings (the
+implementation accepted bad arguments, rejected them with an unexpected exception, or crashed on them),
+which are reported in the ``validation`` column and fail the gate only with ``--strict-validation``; a
+validation case whose rejection wrote the caller's data still fails. Non-zero too when no case passed.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-from pagedbench.bench import records
+from pagedbench.conformance import outcomes, report_files
+from pagedbench.conformance.gate_environment import environment
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_OUT = Path("results/conformance")
 #: the shipped suite: every test in it takes an implementation
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 #: what the suite needs whichever project's pytest configuration is in force where the gate runs
 SUITE_PYTEST_ARGS = ("-p", "pagedbench.conformance.pytest_plugin", "--import-mode=importlib")
+DEFAULT_TIMEOUT_S = 3600.0
+MAX_RESUMES = 20
 
 
-class _Collector:
-    """A pytest plugin keeping the outcome of every test, keyed by nodeid."""
+@dataclass(slots=True)
+class ModuleRun:
+    """What the workers of one suite module reported (mutable while the module runs)."""
 
-    def __init__(self) -> None:
-        self.cases: dict[str, dict] = {}
-
-    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        # Only tests that take an implementation belong to the gate (not our engine's own tests).
-        chosen = [i for i in items if "impl" in getattr(i, "fixturenames", ())]
-        dropped = [i for i in items if "impl" not in getattr(i, "fixturenames", ())]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-        items[:] = chosen
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" or report.outcome != "passed":
-            entry = {"outcome": _outcome(report)}
-            if report.outcome != "passed":
-                entry["message"] = _message(report)
-            errors = {k: v for k, v in report.user_properties if k.endswith("_err") or k.endswith("_mib")}
-            if errors:
-                entry["errors"] = errors
-            previous = self.cases.get(report.nodeid)
-            if previous is None or previous["outcome"] == "pass":  # a teardown error outranks a pass
-                self.cases[report.nodeid] = entry
+    cases: dict[str, dict] = field(default_factory=dict)  # nodeid -> entry
+    implementation: dict | None = None  # the worker's "implementation" event
+    unknown: list[str] | None = None  # the known names, when the implementation was not found
 
 
-def _outcome(report: pytest.TestReport) -> str:
-    if report.passed:
-        return "pass"
-    if report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return "not supported" if "not supported" in reason else "skipped"
-    if report.when != "call":
-        return "error"
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return "fail" if crash is not None and crash.message.startswith("AssertionError") else "error"
-
-
-def _message(report: pytest.TestReport) -> str:
-    if isinstance(report.longrepr, tuple):
-        return report.longrepr[2].removeprefix("Skipped: ")
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return (crash.message if crash is not None else str(report.longrepr))[:2000]
-
-
-def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str], full: bool) -> list[str]:
-    """The pytest command line the gate runs (the whole conformance suite but the mutation check)."""
+def pytest_args(*, keyword: str | None, cases: list[str], full: bool) -> list[str]:
+    """The pytest options every worker runs with (the module path is added per worker)."""
     marker = "not mutants" if full else "not slow and not mutants"
-    args = [str(SUITE_DIR), "-q", "--impl", impl, "-m", marker, f"--junitxml={junit}",
-            "-p", "no:cacheprovider", "-o", "junit_family=xunit1", *SUITE_PYTEST_ARGS]
+    args = ["-q", "-m", marker, "-p", "no:cacheprovider", "-o", "junit_family=xunit1", *SUITE_PYTEST_ARGS]
     if keyword:
         args += ["-k", keyword]
     for text in cases:
@@ -93,54 +72,179 @@ def pytest_args(impl: str, junit: Path, *, keyword: str | None, cases: list[str]
     return args
 
 
+def _merge(run: ModuleRun, nodeid: str, entry: dict) -> None:
+    previous = run.cases.get(nodeid)
+    if previous is None or previous["outcome"] == "pass":  # a teardown error outranks a pass
+        run.cases[nodeid] = entry
+
+
+def _read_events(report: Path, run: ModuleRun) -> tuple[list[str] | None, bool]:
+    """Fold a worker's report into ``run``; returns (the collected nodeids or None, finished?)."""
+    collected, finished = None, False
+    if not report.exists():
+        return None, False
+    for line in report.read_text(encoding="utf-8").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a worker killed mid-write
+            continue
+        kind = event["event"]
+        if kind == "collected":
+            collected = event["nodeids"]
+        elif kind == "case":
+            _merge(run, event["nodeid"], event["entry"])
+        elif kind == "implementation":
+            run.implementation = run.implementation or event
+        elif kind == "unknown_implementation":
+            run.unknown = event["known"]
+        elif kind == "finished":
+            finished = True
+    return collected, finished
+
+
+def _death(returncode: int | None, timeout_s: float) -> str:
+    if returncode is None:
+        return f"timed out after {timeout_s:g} s"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode} before finishing"
+
+
+def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list[str], options: list[str],
+                timeout_s: float, run: ModuleRun, only: list[str] | None = None):
+    """One worker over ``targets``; returns (collected nodeids or None, finished?, returncode or None on
+    timeout, the tail of its stderr)."""
+    report, only_file, stderr_path = (tmp / f"{name}.{s}" for s in ("jsonl", "only", "err"))
+    cmd = [sys.executable, "-m", "pagedbench.conformance.worker", "--impl", impl, "--report", str(report)]
+    for m in loads:
+        cmd += ["--load", m]
+    if only is not None:
+        only_file.write_text(json.dumps(only))
+        cmd += ["--only", str(only_file)]
+    cmd += ["--", *targets, *options]
+    with stderr_path.open("w") as err:
+        try:
+            returncode = subprocess.run(cmd, stderr=err, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
+    stderr = stderr_path.read_text(errors="replace")
+    sys.stderr.write(stderr[-4000:])
+    collected, finished = _read_events(report, run)
+    return collected, finished, returncode, stderr[-1500:]
+
+
+def collect(impl: str, loads: list[str], options: list[str], timeout_s: float, run: ModuleRun) -> list[str]:
+    """The selected cases of the whole suite (one collect-only worker), in run order."""
+    with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
+        collected, _finished, returncode, tail = _run_worker(
+            Path(tmp), "collect", impl, loads, [str(SUITE_DIR)], [*options, "--collect-only"], timeout_s, run)
+    if run.unknown is None and collected is None:
+        run.cases[str(SUITE_DIR)] = {"outcome": "crashed", "category": "numerics",
+                                     "message": f"worker {_death(returncode, timeout_s)} while collecting\n{tail}"}
+    return collected or []
+
+
+def run_module(module: Path, impl: str, loads: list[str], options: list[str], timeout_s: float,
+               run: ModuleRun) -> None:
+    """Run one suite module in workers until every selected case has an outcome."""
+    only: list[str] | None = None
+    category = outcomes.MODULE_CATEGORY.get(module.name, "numerics")
+    with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
+        for attempt in range(MAX_RESUMES + 1):
+            collected, finished, returncode, tail = _run_worker(
+                Path(tmp), str(attempt), impl, loads, [str(module)], options, timeout_s, run, only)
+            if run.unknown is not None or (finished and returncode is not None and returncode >= 0):
+                return
+            death = _death(returncode, timeout_s)
+            if collected is None:  # died before its cases were known: the module stands for them
+                run.cases[str(module)] = {"outcome": "crashed", "category": category,
+                                          "message": f"worker {death} before collecting {module.name}\n{tail}"}
+                return
+            pending = [n for n in collected if n not in run.cases]
+            if not pending:
+                return
+            culprit, only = pending[0], pending[1:]
+            run.cases[culprit] = {"outcome": "crashed", "category": run.cases.get(culprit, {}).get(
+                "category", category), "message": f"worker {death} while this case ran\n{tail}"}
+            if not only:
+                return
+        for nodeid in only or ():
+            run.cases[nodeid] = {"outcome": "crashed", "category": category,
+                                 "message": f"not run: the module crashed more than {MAX_RESUMES} times"}
+
+
+def summarize(impl: str, run: ModuleRun, *, strict_validation: bool, options: list[str]) -> dict:
+    cases = run.cases
+    for entry in cases.values():
+        if entry.get("category") == "validation":
+            verdict = outcomes.validation_verdict(entry["outcome"])
+            if verdict is not None:
+                entry["validation"] = verdict
+    counts = {k: 0 for k in outcomes.OUTCOMES}
+    by_category = {c: {k: 0 for k in outcomes.OUTCOMES} for c in outcomes.CATEGORIES}
+    verdicts = {v: 0 for v in outcomes.VALIDATION_VERDICTS}
+    for entry in cases.values():
+        counts[entry["outcome"]] += 1
+        by_category.setdefault(entry.get("category", "numerics"), {k: 0 for k in outcomes.OUTCOMES})
+        by_category[entry.get("category", "numerics")][entry["outcome"]] += 1
+        if "validation" in entry:
+            verdicts[entry["validation"]] += 1
+    failing = sorted(n for n, e in cases.items() if outcomes.fails_gate(e, strict_validation=strict_validation))
+    info = run.implementation or {}
+    return {"schema_version": SCHEMA_VERSION, "implementation": impl,
+            "capabilities": info.get("capabilities"), "environment": environment(info),
+            "pytest_args": options, "strict_validation": strict_validation,
+            "gate_passed": not failing and counts["pass"] > 0, "failing_cases": failing,
+            "counts": counts, "counts_by_category": by_category, "validation": verdicts, "cases": cases}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--impl", required=True, help="the registered implementation to check")
     parser.add_argument("--load", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers implementations); repeatable")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression selecting tests")
     parser.add_argument("--case", action="append", default=[],
                         help="only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable)")
     parser.add_argument("--full", action="store_true", help="include the `slow` full grids")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds one suite module may run before its worker is killed "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--strict-validation", action="store_true",
+                        help="fail the gate on validation findings too (accepts invalid input, ...)")
     args = parser.parse_args(argv)
-    from pagedbench.conformance import adapter
-
-    for module in args.load:
-        importlib.import_module(module)
-    if args.impl not in adapter.available():
-        parser.error(f"unknown implementation {args.impl!r}; known: {', '.join(adapter.available())}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    junit = args.out / f"{args.impl}.junit.xml"
-    collector = _Collector()
-    cmd = pytest_args(args.impl, junit, keyword=args.keyword, cases=args.case, full=args.full)
-    status = pytest.main(cmd, plugins=[collector])
-    summary = write_summary(args.out / f"{args.impl}.json", args.impl, cmd, collector.cases)
-    counts = summary["counts"]
-    print(f"conformance gate [{args.impl}]: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    print(f"wrote {junit} and {args.out / (args.impl + '.json')}")
-    failed = counts["fail"] + counts["error"]
-    if counts["pass"] == 0:
+    options = pytest_args(keyword=args.keyword, cases=args.case, full=args.full)
+    run = ModuleRun()
+    selected = collect(args.impl, args.load, options, args.timeout, run)
+    if run.unknown is not None:
+        parser.error(f"unknown implementation {args.impl!r}; known: {', '.join(run.unknown)}")
+    # one worker per module that has selected cases, in the suite's order
+    for name in dict.fromkeys(Path(n.partition("::")[0]).name for n in selected if "::" in n):
+        run_module(SUITE_DIR / name, args.impl, args.load, options, args.timeout, run)
+    summary = summarize(args.impl, run, strict_validation=args.strict_validation, options=options)
+    json_path, junit_path = args.out / f"{args.impl}.json", args.out / f"{args.impl}.junit.xml"
+    report_files.write_json(json_path, summary)
+    report_files.write_atomically(
+        junit_path, report_files.junit_xml(args.impl, run.cases, failing=set(summary["failing_cases"])))
+    counts = {k: v for k, v in summary["counts"].items() if v}
+    print(f"conformance gate [{args.impl}]: " + (", ".join(f"{v} {k}" for k, v in counts.items()) or "no case"))
+    findings = {k: v for k, v in summary["validation"].items() if v and k in outcomes.VALIDATION_FINDINGS}
+    if findings:
+        print(f"conformance gate [{args.impl}]: validation findings: "
+              + ", ".join(f"{v} {k}" for k, v in findings.items())
+              + ("" if args.strict_validation else " (reported; --strict-validation fails on them)"))
+    print(f"wrote {junit_path} and {json_path}")
+    if summary["counts"]["pass"] == 0:
         # A gate that checked nothing must not look green (a typo in -k/--case, or nothing supported).
         print(f"conformance gate [{args.impl}]: no test passed (none selected, or none supported): failing")
         return 1
-    if failed or status != pytest.ExitCode.OK:
-        return 1
-    return 0
-
-
-def write_summary(path: Path, impl: str, cmd: list[str], cases: dict[str, dict]) -> dict:
-    from pagedbench.bench.environment import environment
-
-    counts = {k: 0 for k in ("pass", "fail", "not supported", "skipped", "error")}
-    for entry in cases.values():
-        counts[entry["outcome"]] += 1
-    summary = {"schema_version": SCHEMA_VERSION, "implementation": impl, "environment": environment(),
-               "pytest_args": cmd, "counts": counts, "cases": cases}
-    records.write_json(path, summary)
-    return summary
+    return 0 if summary["gate_passed"] else 1
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
     sys.exit(main())

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-from pagedbench.conformance import builders, checks, oracle
+from pagedbench.conformance import builders, capabilities, checks, oracle
 from pagedbench.conformance.cases import AttentionCase
 
 
@@ -15,10 +14,15 @@ def run_and_check(impl, case: AttentionCase, *, x: builders.PagedInputs | None =
     ``out=``, check the result and the caller's buffer against the oracle (``ref``, computed when not
     given) in the order exception, shape, dtype, non-finite, tolerance; returns ``out``.
 
-    A dtype the implementation does not claim is reported as "not supported" (a skip with the reason).
+    A case needing what the implementation does not declare (``impl.capabilities``: dtype, block size,
+    window, splits, zero-length rows) is reported as "not supported" (a skip with the reason); LSE is
+    compared only when the implementation returns it (the output is checked either way, and the case
+    records ``lse`` as not supported).
     """
-    if case.torch_dtype not in impl.dtypes:
-        pytest.skip(f"not supported: {impl.name} does not claim {case.dtype}")
+    capabilities.require(impl, case, num_splits=overrides.get("num_splits"))
+    if return_lse and not impl.capabilities.returns_lse:
+        capabilities.note_unchecked("lse")
+        return_lse = False
     x = builders.build(case, impl.device) if x is None else x
     out = builders.nan_out(x.q.shape[0], x.q)
     result = builders.call(impl, case, x, out=out, return_lse=return_lse, **overrides)

@@ -5,6 +5,10 @@
 * ``flex``   -- PyTorch's own paged FlexAttention (written by nobody here; see ``flex_adapter``).
 * ``mutant-*`` -- deliberately broken implementations for the mutation check (see ``mutants``);
   ``control`` is their unbroken base.
+
+Importing this module imports no kernel and no Triton: ``triton`` and ``torch`` import ``kernels`` only
+when built (ours decides the backend then, switching Triton's interpreter on where there is no GPU), so a
+gate run on another project's implementation never loads them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ class TritonImplementation(Implementation):
         from pagedbench.kernels import device
 
         self.device = device.backend().torch_device
+
+    def describe(self):
+        from pagedbench.kernels import device
+
+        return {"device": str(self.device), "backend": device.describe()}
 
     def block_manager(self, num_blocks, block_size, *, enable_prefix_caching=False):
         from pagedbench.refengine import BlockManager

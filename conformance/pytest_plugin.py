@@ -17,7 +17,7 @@ from pagedbench.conformance import adapter
 BUILTIN_IMPLS = ("triton", "torch", "flex")
 #: what runs without --impl: the built-ins expected to pass (flex is known to fail, see
 #: conformance/flex_adapter.py; check it with `python -m pagedbench.conformance --impl flex`)
-DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.get(n).expected_to_pass)
+DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.expected_to_pass(n))
 
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.register_profile(
@@ -25,6 +25,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "validation: checks that the implementation rejects bad arguments (the gate reports "
+                   "these in a validation column of their own)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -79,13 +85,21 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # The errors a test's comparisons measured (conformance.checks.record) go into its report: the
-    # JUnit XML shows them as properties and the gate's JSON summary reads them from there.
-    if call.when == "call":
-        from pagedbench.conformance import checks
+    # JUnit XML shows them as properties and the gate's JSON summary reads them from there; so do the
+    # properties left unchecked for want of a capability.
+    from pagedbench.conformance import capabilities, checks, outcomes
 
+    if call.when == "call":
         for name, value in sorted(checks.take_recorded(item.nodeid).items()):
             item.user_properties.append((name, value))
-    return (yield)
+        unchecked = capabilities.take_unchecked(item.nodeid)
+        if unchecked:
+            item.user_properties.append(("not_supported", ",".join(unchecked)))
+    report = yield
+    # What the gate classifies by: the part of the contract the test checks, and what was raised.
+    report.conformance_category = outcomes.category_of(item)
+    report.conformance_failure = outcomes.failure_kind(call.excinfo)
+    return report
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

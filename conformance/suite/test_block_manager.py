@@ -37,6 +37,7 @@ def bm(request, impl):
     return m
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("num_blocks, block_size", [(0, 4), (-1, 4), (4, 0), (4, -2), (2.0, 4), (4, "4")])
 def test_constructor_rejects_bad_sizes(impl, num_blocks, block_size):
     with pytest.raises(InvalidArgumentError, match=r"must be an int >= 1, got"):
@@ -63,6 +64,7 @@ def test_allocate_table_length_and_slots(impl, n, blocks):
     m.check_invariants()
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("seq_id, error, match", [
     (None, InvalidArgumentError, "seq_id must not be None"),
     ([1], InvalidArgumentError, "seq_id must be hashable, got list"),
@@ -72,6 +74,7 @@ def test_allocate_rejects_bad_seq_id(bm, seq_id, error, match):
     _unchanged(bm, ["a"], lambda: bm.allocate(seq_id, [1, 2]), error, match)
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("tokens, match", [
     ([], "a prompt needs at least 1 token, got 0"),
     ([1, -1], r"token ids must be in \[0, 2\*\*63\), got -1"),
@@ -86,6 +89,7 @@ def test_allocate_rejects_bad_tokens(bm, tokens, match):
     assert not bm.has_sequence("b")
 
 
+@pytest.mark.validation
 def test_allocate_rejects_bad_salt(bm):
     _unchanged(bm, ["a"], lambda: bm.allocate("b", [1], cache_salt=3), InvalidArgumentError,
                "cache_salt must be str, bytes or None, got int")
@@ -110,6 +114,7 @@ def test_append_token_grows_at_block_edges(bm):
     bm.check_invariants()
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("seq_id, token, error, match", [
     ("zz", 1, UnknownSequenceError, "unknown sequence 'zz'"),
     ("a", -3, InvalidArgumentError, r"token id must be in \[0, 2\*\*63\), got -3"),
@@ -160,6 +165,7 @@ def test_copy_on_write_out_of_blocks_is_atomic(impl):
                "copy-on-write of shared block 1 needs a free block but none is free")
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("parent, child, error, match", [
     ("x", "b", UnknownSequenceError, "unknown sequence 'x'"),
     ("a", "a", DuplicateSequenceError, "sequence 'a' is already allocated"),
@@ -189,12 +195,14 @@ def test_unknown_sequence_raises_keyerror_subclass(bm, op):
         getattr(bm, op)(42)
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("position", [-1, 6, 100, 1.0])
 def test_slot_rejects_positions_outside_the_sequence(bm, position):
     _unchanged(bm, ["a"], lambda: bm.slot("a", position), InvalidArgumentError,
                r"position must be an int in \[0, 6\) for sequence 'a'")
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("block_id", [-1, 6, 2.0])
 def test_ref_count_rejects_out_of_range_ids(bm, block_id):
     _unchanged(bm, ["a"], lambda: bm.ref_count(block_id), InvalidArgumentError,
@@ -219,6 +227,7 @@ def test_metrics_count_tokens_and_fragmentation(bm):
     assert bm.metrics_dict()["copy_on_write_copies"] == 1
 
 
+@pytest.mark.validation
 @pytest.mark.parametrize("num_tokens", [-1, 7, None])
 def test_publish_blocks_rejects_bad_counts(bm, num_tokens):
     _unchanged(bm, ["a"], lambda: bm.publish_blocks("a", num_tokens), InvalidArgumentError,

@@ -1,19 +1,50 @@
-"""Copy-on-write and prefix sharing with real K/V data in a ``refengine.BlockPool`` (issue 3 §5).
+"""Copy-on-write and prefix sharing with real K/V data in a KV store (issue 3 §5).
 
 A small driver plays the engine: it writes every new token's K/V (fresh ``randn``, never zeros) into
 the slots the block manager names, applies the ``(src, dst)`` copies ``append_token`` reports through
-``BlockPool.copy_blocks``, and remembers what each sequence must read back. Every check is bit-exact
+``KVStore.copy_blocks``, and remembers what each sequence must read back. Every check is bit-exact
 (``torch.equal``) over every layer, K and V. The pool is NaN-poisoned, so a read of a slot nobody wrote
 fails too. Without copy-on-write, siblings read each other's tokens (vLLM #1101): these tests fail.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from pagedbench.refengine import BlockPool
 
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 2, 2, 8
+
+
+class KVStore:
+    """Plain-torch KV memory ``[num_layers][num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM]`` float32,
+    NaN until written (so a read of an unwritten slot shows). The suite's own store, not our engine's
+    ``BlockPool``: checking another project's block manager must not import our kernels."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
+        self.block_size = block_size
+        self.k = [torch.full(shape, math.nan) for _ in range(NUM_LAYERS)]
+        self.v = [torch.full(shape, math.nan) for _ in range(NUM_LAYERS)]
+
+    def write_slots(self, layer: int, slots: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        idx = torch.tensor(slots, dtype=torch.int64)
+        self.k[layer].view(-1, NUM_KV_HEADS, HEAD_DIM)[idx] = k
+        self.v[layer].view(-1, NUM_KV_HEADS, HEAD_DIM)[idx] = v
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+        for k, v in zip(self.k, self.v):
+            k[dst], v[dst] = k[src].clone(), v[src].clone()
+
+    def read_sequence(self, layer: int, table: list[int], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.tensor(table[: math.ceil(n / self.block_size)], dtype=torch.int64)
+        return (self.k[layer][idx].reshape(-1, NUM_KV_HEADS, HEAD_DIM)[:n].clone(),
+                self.v[layer][idx].reshape(-1, NUM_KV_HEADS, HEAD_DIM)[:n].clone())
 
 
 class KVDriver:
@@ -21,8 +52,7 @@ class KVDriver:
 
     def __init__(self, bm, seed: int = 0) -> None:
         self.bm = bm
-        self.pool = BlockPool(NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, bm.block_size, torch.float32,
-                              num_blocks=bm.num_blocks)
+        self.pool = KVStore(bm.num_blocks, bm.block_size)
         self.gen = torch.Generator().manual_seed(seed)
         # seq -> per layer (k, v), each [num_tokens, NUM_KV_HEADS, HEAD_DIM] float32
         self.expected: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -84,8 +114,8 @@ def test_fork_diverge_keeps_parent_bit_identical(impl, prompt_len):
         src, dst = copies_b[0]
         for layer in range(NUM_LAYERS):  # the copied block's first slots hold exactly the parent's K/V
             used = prompt_len % 4
-            assert torch.equal(d.pool.k(layer)[dst][:used], d.pool.k(layer)[src][:used])
-            assert torch.equal(d.pool.v(layer)[dst][:used], d.pool.v(layer)[src][:used])
+            assert torch.equal(d.pool.k[layer][dst][:used], d.pool.k[layer][src][:used])
+            assert torch.equal(d.pool.v[layer][dst][:used], d.pool.v[layer][src][:used])
     else:
         assert copies_b == copies_c == []
     after = d.read("A")

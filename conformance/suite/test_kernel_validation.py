@@ -9,17 +9,14 @@ specifics are those of our launchers, checked on the Triton launchers and the to
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
-from pagedbench import kernels
-from pagedbench.conformance.adapter import NotSupported
-from pagedbench.kernels import reference
+from pagedbench.conformance.our_launchers import LAUNCHERS
+from pagedbench.conformance.validation import rejected
 
 NB, BS, HKV, HQ, D = 6, 4, 2, 4, 8
-LAUNCHERS = {"triton": kernels, "torch": reference}
 
 
 def _inputs(dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -77,28 +74,16 @@ WRITE_DTYPE_BREAKS = {
 }
 
 
-@contextlib.contextmanager
-def rejected():
-    """The block must raise (any exception but NotSupported, which still reports "not supported")."""
-    try:
-        yield
-    except NotSupported:
-        raise
-    except Exception:
-        return
-    pytest.fail("the mismatched arguments were accepted")
-
-
-def _write(fn, brk):
-    """Call write_kv with broken arguments (``brk`` maps valid k, v, slots to broken ones); whatever it
-    raises propagates, and the caches must be byte-identical afterwards."""
+def _write(fn, brk, raises):
+    """Call write_kv with broken arguments (``brk`` maps valid k, v, slots to broken ones) inside the
+    context ``raises`` (``rejected()`` or ``pytest.raises(...)``); the caches must be byte-identical
+    after it raised (compared outside ``raises``, so the comparison cannot be taken for the rejection)."""
     x = _inputs()
     k_cache, v_cache = x["k_cache"].clone(), x["v_cache"].clone()
     k, v, slots = brk(torch.randn(3, HKV, D), torch.randn(3, HKV, D), torch.tensor([0, 5, 9]))
-    try:
+    with raises:
         fn(k, v, k_cache, v_cache, slots)
-    finally:
-        assert torch.equal(k_cache, x["k_cache"]) and torch.equal(v_cache, x["v_cache"]), "cache was written"
+    assert torch.equal(k_cache, x["k_cache"]) and torch.equal(v_cache, x["v_cache"]), "cache was written"
 
 
 @pytest.mark.parametrize("brk", list(SHAPE_BREAKS), ids=list(SHAPE_BREAKS))
@@ -129,8 +114,7 @@ def test_contiguous_decode_rejects_mismatched_kv(impl):
 
 @pytest.mark.parametrize("brk", list(WRITE_SHAPE_BREAKS), ids=list(WRITE_SHAPE_BREAKS))
 def test_write_kv_rejects_mismatched_shapes_and_writes_nothing(impl, brk):
-    with rejected():
-        _write(impl.write_kv, WRITE_SHAPE_BREAKS[brk])
+    _write(impl.write_kv, WRITE_SHAPE_BREAKS[brk], rejected())
 
 
 @pytest.mark.parametrize("pairs", [torch.tensor([[0, 1, 2]]), torch.tensor([0, 1])],
@@ -158,8 +142,7 @@ def test_our_decode_raises_value_or_type_errors(name, brk):
 @pytest.mark.parametrize("brk", list(WRITE_SHAPE_BREAKS) + list(WRITE_DTYPE_BREAKS))
 def test_our_write_kv_raises_value_or_type_errors_and_writes_nothing(name, brk):
     error = TypeError if brk in WRITE_DTYPE_BREAKS else ValueError
-    with pytest.raises(error):
-        _write(LAUNCHERS[name].write_kv, {**WRITE_SHAPE_BREAKS, **WRITE_DTYPE_BREAKS}[brk])
+    _write(LAUNCHERS[name].write_kv, {**WRITE_SHAPE_BREAKS, **WRITE_DTYPE_BREAKS}[brk], pytest.raises(error))
 
 
 @pytest.mark.parametrize("name", list(LAUNCHERS))

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from pagedbench.conformance import builders, checks
+from pagedbench.conformance import builders, capabilities, checks
 from pagedbench.conformance.cases import AttentionCase, case_ids, vary
 from pagedbench.conformance.harness import run_and_check
 
@@ -64,22 +64,33 @@ def test_alone_or_in_a_batch_is_bit_exact(impl, case):
         single = vary(case, seq_lens=case.seq_lens[s : s + 1],
                       q_lens=None if case.q_lens is None else case.q_lens[s : s + 1])
         out = builders.call(impl, single, alone, **_pinned(case))
-        checks.assert_bitwise_equal(out, batch[rows], what=f"sequence {s} alone vs in the batch",
-                                    context=case.id)
+        if impl.capabilities.batch_invariant:
+            checks.assert_bitwise_equal(out, batch[rows], what=f"sequence {s} alone vs in the batch",
+                                        context=case.id)
+        else:  # not claimed bit for bit: within the dtype's bounds
+            capabilities.note_unchecked("batch-invariance")
+            checks.check_case_tensor(out, batch[rows].cpu().to(torch.float64), case,
+                                     what=f"sequence {s} alone vs in the batch")
 
 
 @pytest.mark.parametrize("case", BOTH, ids=case_ids(BOTH))
 def test_out_buffer_and_returned_tensor_are_identical(impl, case):
     x = builders.build(case, impl.device)
-    returned, lse = builders.call(impl, case, x, return_lse=True, **_pinned(case))
-    checks.check_attention((returned, lse), builders.expected(case, x), case.torch_dtype, case.tolerance,
-                           context=case.id, return_lse=True)  # right, not merely self-consistent
+    with_lse = impl.capabilities.returns_lse
+    if not with_lse:
+        capabilities.note_unchecked("lse")
+    first = builders.call(impl, case, x, return_lse=with_lse, **_pinned(case))
+    checks.check_attention(first, builders.expected(case, x), case.torch_dtype, case.tolerance,
+                           context=case.id, return_lse=with_lse)  # right, not merely self-consistent
+    returned, lse = checks.split_result(first, with_lse)
     out = builders.nan_out(x.q.shape[0], x.q)
-    result, lse_out = builders.call(impl, case, x, out=out, return_lse=True, **_pinned(case))
+    result, lse_out = checks.split_result(
+        builders.call(impl, case, x, out=out, return_lse=with_lse, **_pinned(case)), with_lse)
     checks.assert_bitwise_equal(out, returned, what="out= buffer vs returned tensor", context=case.id)
     checks.assert_bitwise_equal(result, returned, what="tensor returned with out= vs without",
                                 context=case.id)
-    checks.assert_bitwise_equal(lse_out, lse, what="lse with out= vs without", context=case.id)
+    if with_lse:
+        checks.assert_bitwise_equal(lse_out, lse, what="lse with out= vs without", context=case.id)
 
 
 DP_CASES = [DECODE, vary(DECODE, block_size=16, seq_lens=(1, 16, 17, 97), dtype="fp32"),

@@ -1,0 +1,85 @@
+"""What an implementation declares it supports, and the per-case check the suite makes against it.
+
+An adapter sets ``capabilities = Capabilities(...)``; a case that needs something the implementation does
+not declare is reported "not supported" for that case only (a skip whose reason starts with
+``not supported:``), and a property a case can do without (the LSE, bit-exact batch invariance) is left
+out of that case's comparison while everything else is still judged. The unchecked property is recorded
+in the case's result (``not_supported`` in the gate's JSON).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional parts of the contract an implementation supports (the defaults: everything)."""
+
+    returns_lse: bool = True  # return_lse=True gives (out, lse)
+    block_sizes: frozenset[int] | None = None  # the block sizes it accepts; None: any
+    supports_num_splits: bool = True  # honours num_splits= (split-K decode)
+    zero_length_rows: bool = True  # sequences of length 0 (decode) / with 0 queries (prefill)
+    batch_invariant: bool = True  # a sequence alone or in a batch gives bit-identical rows
+    sliding_window: bool = True  # sliding_window=
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # the dtypes it claims
+
+    def as_record(self) -> dict[str, object]:
+        """Plain values, for result files."""
+        return {
+            "returns_lse": self.returns_lse,
+            "block_sizes": None if self.block_sizes is None else sorted(self.block_sizes),
+            "supports_num_splits": self.supports_num_splits,
+            "zero_length_rows": self.zero_length_rows,
+            "batch_invariant": self.batch_invariant,
+            "sliding_window": self.sliding_window,
+            "dtypes": [str(d).removeprefix("torch.") for d in self.dtypes],
+        }
+
+
+def missing_for(impl, case, *, num_splits: int | None = None) -> str | None:
+    """Why ``impl`` cannot run ``case`` (a ``cases.AttentionCase``), or None when it can.
+
+    ``num_splits`` is the split count a test passes on top of the case's own.
+    """
+    caps: Capabilities = impl.capabilities
+    if case.torch_dtype not in impl.dtypes or case.torch_dtype not in caps.dtypes:
+        return f"{impl.name} does not claim {case.dtype}"
+    if caps.block_sizes is not None and case.block_size not in caps.block_sizes:
+        return f"{impl.name} does not support block_size {case.block_size}"
+    if case.sliding_window is not None and not caps.sliding_window:
+        return f"{impl.name} does not support sliding_window"
+    splits = num_splits if num_splits is not None else case.num_splits
+    if case.op == "decode" and splits is not None and not caps.supports_num_splits:
+        return f"{impl.name} does not support num_splits"
+    empty = 0 in case.seq_lens or (case.op == "prefill" and 0 in case.effective_q_lens)
+    if empty and not caps.zero_length_rows:
+        return f"{impl.name} does not support zero-length rows"
+    return None
+
+
+def require(impl, case, *, num_splits: int | None = None) -> None:
+    """Skip the running test as "not supported" when ``impl`` cannot run ``case``."""
+    reason = missing_for(impl, case, num_splits=num_splits)
+    if reason is not None:
+        pytest.skip(f"not supported: {reason}")
+
+
+#: properties left unchecked in the running test because the implementation lacks them: nodeid -> names
+UNCHECKED: dict[str, set[str]] = {}
+
+
+def note_unchecked(what: str) -> None:
+    """Record that the running test left ``what`` unchecked (e.g. "lse"): the gate's JSON shows it."""
+    from pagedbench.conformance.checks import _current_test
+
+    UNCHECKED.setdefault(_current_test(), set()).add(what)
+
+
+def take_unchecked(nodeid: str) -> list[str]:
+    return sorted(UNCHECKED.pop(nodeid, ()))

@@ -1,0 +1,73 @@
+"""The gate's result files, written atomically: the JSON summary and a JUnit XML of the same cases.
+
+Every file goes to a temporary name in its folder, is flushed and fsync'ed, then ``os.replace``d over
+the final name: a gate killed mid-write leaves the previous file (or none), never a truncated one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, record: dict) -> None:
+    write_atomically(path, json.dumps(record, indent=1, default=str) + "\n")
+
+
+def junit_xml(impl: str, cases: dict[str, dict], *, failing: set[str]) -> str:
+    """JUnit XML (one ``<testcase>`` per case). ``failing``: the ids of cases that fail the gate, shown
+    as ``<failure>`` (``fail``, ``accepts invalid``) or ``<error>`` (``error``, ``crashed``); a finding
+    that does not fail the gate is a passing test case with its verdict as a property. Measured errors,
+    category and verdicts are ``<property>`` elements."""
+    suite = ET.Element("testsuite", name=f"pagedbench-conformance[{impl}]", tests=str(len(cases)))
+    tallies = {"failures": 0, "errors": 0, "skipped": 0}
+    total = 0.0
+    for nodeid, entry in cases.items():
+        path, _, name = nodeid.partition("::")
+        classname = path.removesuffix(".py").replace("/", ".")
+        seconds = float(entry.get("seconds", 0.0))
+        total += seconds
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name or path, time=f"{seconds:.3f}")
+        props = ET.SubElement(case, "properties")
+        for key in ("outcome", "category", "validation"):
+            if key in entry:
+                ET.SubElement(props, "property", name=key, value=str(entry[key]))
+        for key, value in entry.get("errors", {}).items():
+            ET.SubElement(props, "property", name=key, value=repr(value))
+        if entry.get("not_supported"):
+            ET.SubElement(props, "property", name="not_supported", value=",".join(entry["not_supported"]))
+        message = entry.get("message", "")
+        outcome = entry["outcome"]
+        if outcome in ("not supported", "skipped"):
+            ET.SubElement(case, "skipped", message=message[:500])
+            tallies["skipped"] += 1
+        elif nodeid in failing:
+            tag = "error" if outcome in ("error", "crashed") else "failure"
+            ET.SubElement(case, tag, type=outcome, message=message[:500]).text = message
+            tallies["errors" if tag == "error" else "failures"] += 1
+        elif message:
+            ET.SubElement(case, "system-out").text = f"{outcome}: {message}"
+    for key, value in tallies.items():
+        suite.set(key, str(value))
+    suite.set("time", f"{total:.3f}")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
