@@ -46,7 +46,7 @@ test-gpu: install
 
 ## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
 conformance: install
-	$(PY) -m pagedbench.conformance --impl $(IMPL)
+	$(PY) -m pagedbench.conformance --impl $(IMPL) $(if $(STRICT),--strict-validation)
 
 ## Regenerate the published gate results for every built-in implementation (flex is expected to fail).
 conformance-results: install
