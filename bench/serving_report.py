@@ -33,7 +33,10 @@ ASSUMPTIONS = """\
   but the latency above it grows less.
 - The scheduler is ours (refengine): FCFS, recompute preemption, watermark on the paged pool. The Orca
   baselines reserve max / prompt + pow2(output) / prompt + output slots on a buddy arena, as the paper's.
-- Prices per GPU-hour are user-editable assumptions in `bench/configs/hardware/*.yaml`."""
+- Prices per GPU-hour are user-editable assumptions in `bench/configs/hardware/*.yaml`.
+- `longctx` (prompts of about 4K-32K tokens, log-normal around 12K; outputs around 256) and the shared
+  system prompt workloads (every ShareGPT-like prompt starts with the same system prompt) are our own
+  shapes, not the paper's."""
 
 
 def _by(rows, *keys):
@@ -48,7 +51,7 @@ def capacity_table(doc: dict) -> str:
     rows = []
     for (setting, dataset, policy), group in _by(doc["searches"], "setting", "dataset", "policy").items():
         by_alloc = _by(group, "allocator")
-        paged = by_alloc.get((PAGED,), [])
+        paged = [r for (name,), runs in by_alloc.items() if name.startswith("paged") for r in runs]
         for (alloc,), runs in sorted(by_alloc.items()):
             caps = [("≥" if any(t in r.get("lower_bound_only", ()) for r in runs) else "")
                     + f"{sum(r['capacity'][t] for r in runs) / len(runs):.3g}" for t in thresholds]
@@ -57,7 +60,7 @@ def capacity_table(doc: dict) -> str:
                 ours = sum(r["capacity"][t] for r in paged) / len(paged) if paged else None
                 theirs = sum(r["capacity"][t] for r in runs) / len(runs)
                 ratios.append(f"{ours / theirs:.2f}×" if ours and theirs else "–")
-            paper = PAPER_RATIOS.get((dataset, alloc), "–") if alloc != PAGED else ""
+            paper = PAPER_RATIOS.get((dataset, alloc), "–") if not alloc.startswith("paged") else ""
             rows.append([setting, dataset, policy, alloc, *caps, *ratios, paper])
     headers = ["setting", "dataset", "policy", "KV manager",
                *[f"capacity @{t}× (req/s)" for t in thresholds], *[f"paged / this @{t}×" for t in thresholds],

@@ -51,6 +51,16 @@ class Dataset:
     name: str
     dataset: str
     num_requests: int
+    shared_prefix_len: int = 0  # tokens of a system prompt every request starts with
+    prefix_caching: bool = False  # the paged manager's prefix cache (Orca cannot share)
+    max_seq_len: int | None = None  # overrides the setting's (long contexts)
+    settings: tuple[str, ...] | None = None  # the settings it runs on (None: all)
+
+    def runs_on(self, setting: Setting) -> bool:
+        return self.settings is None or setting.name in self.settings
+
+    def max_len(self, setting: Setting) -> int:
+        return self.max_seq_len or setting.max_seq_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +96,8 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
     try:
         cfg = StudyConfig(
             settings=tuple(Setting(**s) for s in doc["settings"]),
-            datasets=tuple(Dataset(**d) for d in doc["datasets"]),
+            datasets=tuple(Dataset(**{**d, "settings": tuple(d["settings"]) if d.get("settings") else None})
+                           for d in doc["datasets"]),
             allocators=tuple(AllocatorSpec(**a) for a in doc["allocators"]),
             policies=tuple(doc["policies"]),
             policy_comparison_settings=tuple(doc["policy_comparison_settings"]),
@@ -150,15 +161,22 @@ def run_point(p: Point) -> dict:
     cache = Path(os.environ.get("PAGEDBENCH_SERVING_CACHE", CACHE_DIR)) / f"{p.key(cost)}.json"
     if cache.exists():
         return json.loads(cache.read_text())
-    trace = workloads.synthetic(p.dataset.dataset, p.num_requests, rate=p.rate, seed=p.seed,
-                                max_seq_len=p.setting.max_seq_len)
+    d = p.dataset
+    max_len = d.max_len(p.setting)
+    trace = workloads.synthetic(d.dataset, p.num_requests, rate=p.rate, seed=p.seed,
+                                max_seq_len=max_len - d.shared_prefix_len)
+    if d.shared_prefix_len:  # every prompt = the shared system prompt + its own tokens
+        trace = tuple(dataclasses.replace(r, prompt_len=r.prompt_len + d.shared_prefix_len) for r in trace)
     max_num_seqs, budget, watermark = p.cfg
     # memory shares are measured over the arrival window (warm-up excluded); latency over every request
     warmup = 0.1 if p.account else 0.0
-    sim = SimConfig(kv_slots=p.kv_slots, max_seq_len=p.setting.max_seq_len, watermark=watermark, warmup_frac=warmup,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, policy=p.policy)
+    caching = d.prefix_caching and p.allocator.kind == "paged"
+    sim = SimConfig(kv_slots=p.kv_slots, max_seq_len=max_len, watermark=watermark, warmup_frac=warmup,
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max(budget, max_len), policy=p.policy,
+                    enable_prefix_caching=caching)
     start = time.perf_counter()
-    r = simulate(trace, p.allocator, sim, step_time_s=step_time_fn(cost), account=p.account)
+    r = simulate(trace, p.allocator, sim, step_time_s=step_time_fn(cost), account=p.account,
+                 prompt_tokens=_prompt_tokens(d.shared_prefix_len))
     wall = time.perf_counter() - start
     outputs = sum(t.output_len for t in trace)
     row = {"rate": p.rate, "seed": p.seed, "normalized_latency_s": r.mean_normalized_latency_s,
@@ -171,6 +189,17 @@ def run_point(p: Point) -> dict:
         row["shares"] = dataclasses.asdict(r.shares)
     records.write_json(cache, row)
     return row
+
+
+def _prompt_tokens(shared: int):
+    """Prompt token ids: the shared prefix (token 1) then tokens unique to the request (its id + 2, so
+    no two requests share a block past the prefix)."""
+    prefix = [1] * shared
+
+    def tokens(r) -> list[int]:
+        return prefix + [r.request_id + 2] * (r.prompt_len - shared)
+
+    return tokens
 
 
 # --- the capacity search -------------------------------------------------------------------------------
@@ -220,7 +249,9 @@ def find_capacity(base: Point, low_load: float, thresholds: tuple[float, ...], s
 
 def _search(args) -> dict:
     base, low_load, thresholds, steps = args
-    return {"setting": base.setting.name, "dataset": base.dataset.name, "allocator": base.allocator.name,
+    allocator = base.allocator.name + (" + prefix cache" if base.dataset.prefix_caching
+                                       and base.allocator.kind == "paged" else "")
+    return {"setting": base.setting.name, "dataset": base.dataset.name, "allocator": allocator,
             "policy": base.policy, "seed": base.seed, "low_load_normalized_latency_s": low_load,
             **find_capacity(base, low_load, thresholds, steps)}
 
@@ -233,7 +264,7 @@ def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
     low_jobs, searches = [], []
     for s in cfg.settings:
         policies = cfg.policies if s.name in cfg.policy_comparison_settings else cfg.policies[:1]
-        for d in cfg.datasets:
+        for d in (d for d in cfg.datasets if d.runs_on(s)):
             for policy in policies:
                 for seed in cfg.seeds:
                     rate = _low_load_rate(s, d)
@@ -254,8 +285,8 @@ def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
                 print(f"  [{i}/{len(jobs)}] {res['setting']} {res['dataset']} {res['policy']} {res['allocator']}: "
                       f"capacity {res['capacity']} req/s", flush=True)
         first = cfg.settings[0]
-        mem_jobs = [Point(first, next(d for d in cfg.datasets if d.dataset == ds), a, cfg.policies[0], rate,
-                          cfg.seeds[0], next(d for d in cfg.datasets if d.dataset == ds).num_requests,
+        mem_jobs = [Point(first, next(d for d in cfg.datasets if d.name == ds), a, cfg.policies[0], rate,
+                          cfg.seeds[0], next(d for d in cfg.datasets if d.name == ds).num_requests,
                           slots[first.name].num_slots, True, cfg_tuple)
                     for ds, rate in cfg.memory_points for a in cfg.allocators]
         memory = [{"setting": p.setting.name, "dataset": p.dataset.name, "allocator": p.allocator.name, **row}

@@ -49,6 +49,9 @@ class LengthStats:
 DATASETS: dict[str, LengthStats] = {
     "sharegpt": LengthStats(161.31, 337.99, sigma_prompt=1.1, sigma_output=0.9),
     "alpaca": LengthStats(19.31, 58.45, sigma_prompt=0.7, sigma_output=0.9),
+    # Long-context serving (document QA, code): prompts of about 4K-32K tokens, short answers. Not from
+    # the paper; the shape is an assumption stated where it is used.
+    "longctx": LengthStats(12000.0, 256.0, sigma_prompt=0.45, sigma_output=0.8),
 }
 
 

@@ -198,7 +198,8 @@ class Scheduler:
                     return False
                 continue
             seq.num_table_tokens += 1
-            copies.extend(BlockCopy(src, dst) for src, dst in pairs)
+            if pairs:
+                copies.extend(BlockCopy(src, dst) for src, dst in pairs)
             return True
 
     def _preempt(self, seq: Sequence) -> None:
