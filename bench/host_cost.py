@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,35 @@ CONFIG = Path(__file__).resolve().parent / "configs" / "host_cost.yaml"
 BENCH_FILE = Path(__file__).resolve().parent / "host_cost_bench.py"
 VOCAB = 32000  # token ids are drawn from [0, VOCAB)
 MAX_REL_IQR = 0.5  # a measurement noisier than this (interquartile range / median) is marked invalid
+# A machine slowed down uniformly (another job, thermal or frequency limits) does not widen the IQR: a
+# fixed reference loop timed before and after the benchmarks shows it, and so does a load average above
+# the core count.
+MAX_REFERENCE_DRIFT = 0.25
+REFERENCE_ITERATIONS = 200_000
+
+
+def reference_loop_s(repeats: int = 5) -> float:
+    """Best-of-``repeats`` seconds of a fixed pure-Python loop: this machine's speed right now."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(REFERENCE_ITERATIONS):
+            total += i & 7
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def machine_speed_reasons(ref_start_s: float, ref_end_s: float, load_start: float, cpu_count: int) -> list[str]:
+    """Why the machine's speed makes every figure of this run suspect ([] when it held steady)."""
+    reasons = []
+    drift = abs(ref_end_s / ref_start_s - 1)
+    if drift > MAX_REFERENCE_DRIFT:
+        reasons.append(f"machine speed changed during the run: the reference loop took {ref_start_s * 1e3:.1f} ms "
+                       f"before and {ref_end_s * 1e3:.1f} ms after ({drift:.0%})")
+    if load_start > cpu_count:
+        reasons.append(f"machine busy: load average {load_start:.1f} on {cpu_count} cores")
+    return reasons
 MEASUREMENTS = {  # name -> (unit, what one round covers)
     "admission": ("admission", "allocate every prompt into a fresh manager"),
     "decode": ("decode token", "decode_steps x batch append_token calls"),
@@ -69,7 +99,6 @@ class HostCostConfig:
     rounds: int
     target_us_per_token: float
     variants: tuple[Variant, ...]
-    peers_us_per_token: dict[str, tuple[float, float]]
 
 
 #: the config the benchmark module reads (set by :func:`main`; None: the default YAML)
@@ -86,8 +115,6 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> HostCostCon
         raise ValueError(f"{path}: unknown keys {sorted(set(raw) - known)}, "
                          f"missing keys {sorted(known - set(raw))}")
     raw["variants"] = tuple(Variant(**v) for v in raw["variants"])
-    peers = raw["peers_us_per_token"]
-    raw["peers_us_per_token"] = {k: (float(lo), float(hi)) for k, (lo, hi) in peers.items()}
     return HostCostConfig(**raw)
 
 
@@ -205,7 +232,7 @@ def verdicts(cfg: HostCostConfig, recs: list[dict]) -> list[dict]:
 
 
 def markdown(doc: dict) -> str:
-    """The report: cost per operation for every variant, the target verdicts, peers for scale."""
+    """The report: cost per operation for every variant, the target verdicts."""
     cfg, recs, load = doc["config"], doc["records"], doc["machine_load"]
     cell = {(r["variant"]["name"], r["measurement"]): r for r in recs}
 
@@ -231,7 +258,6 @@ def markdown(doc: dict) -> str:
                f"{t['target_us']:.1f}", f"{t['ratio']:.2f}",
                t["verdict"] + ("" if t["valid"] else " (noisy)")]
               for t in doc["target"]]
-    peers = [[name, f"{lo:g}-{hi:g}"] for name, (lo, hi) in cfg["peers_us_per_token"].items()]
     invalid = [f"- {r['variant']['name']} / {r['measurement']}: {'; '.join(r['validity']['reasons'])}"
                for r in recs if not r["validity"]["valid"]]
     return "\n".join([
@@ -248,8 +274,8 @@ def markdown(doc: dict) -> str:
         tabulate(target, ["variant", "µs / decode token (median)", "(min)", "target µs",
                           "median / target", "verdict"],
                  tablefmt="github"), "",
-        "For scale, µs per decode token measured on this machine class (ANCHORS.md):", "",
-        tabulate(peers, ["peer", "µs / decode token"], tablefmt="github"), "",
+        "Peers (nano-vllm's and vLLM v1's block managers) are compared only side by side in one run, never "
+        "as figures quoted from another: see the engine's host-path benchmark.", "",
         *(["Invalid measurements:", *invalid, ""] if invalid else []),
         "Machine load while timing (1-minute load average, start / end): "
         f"{load['load_average_1m_start']:.1f} / {load['load_average_1m_end']:.1f} on "
@@ -269,10 +295,17 @@ def main(argv: list[str]) -> None:
     cfg = load_config(args.config, full=args.full)
     correctness = {v.name: check_correctness(cfg, v, build_workload(cfg, v)) for v in cfg.variants}
     load_start = os.getloadavg()[0]
+    ref_start = reference_loop_s()
     recs = records(cfg, run_benchmarks(cfg), correctness)
+    ref_end = reference_loop_s()
+    machine = machine_speed_reasons(ref_start, ref_end, load_start, os.cpu_count() or 1)
+    for r in recs:
+        if machine:
+            r["validity"] = {"valid": False, "reasons": r["validity"]["reasons"] + machine}
     doc = {"environment": env_mod.environment(), "config": dataclasses.asdict(cfg), "records": recs,
            "target": verdicts(cfg, recs),
-           "machine_load": {"load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0]}}
+           "machine_load": {"load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
+                            "reference_loop_s_start": ref_start, "reference_loop_s_end": ref_end}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result_files.write_json(out / "host_cost.json", doc)
