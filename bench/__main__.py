@@ -10,7 +10,7 @@ import importlib
 import sys
 import time
 
-STUDIES = ("memory_study", "serving_study", "host_cost", "kernel_study", "throughput_study")
+STUDIES = ("memory_study", "serving_study", "sim_speed", "host_cost", "kernel_study", "throughput_study")
 
 
 def main(argv: list[str] | None = None) -> int:

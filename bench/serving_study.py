@@ -55,6 +55,8 @@ class Dataset:
     prefix_caching: bool = False  # the paged manager's prefix cache (Orca cannot share)
     max_seq_len: int | None = None  # overrides the setting's (long contexts)
     settings: tuple[str, ...] | None = None  # the settings it runs on (None: all)
+    kinds: tuple[str, ...] | None = None  # the KV manager kinds it runs with (None: all)
+    compare_policies: bool = True  # run every scheduler policy (on the comparison settings)
 
     def runs_on(self, setting: Setting) -> bool:
         return self.settings is None or setting.name in self.settings
@@ -96,7 +98,7 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
     try:
         cfg = StudyConfig(
             settings=tuple(Setting(**s) for s in doc["settings"]),
-            datasets=tuple(Dataset(**{**d, "settings": tuple(d["settings"]) if d.get("settings") else None})
+            datasets=tuple(Dataset(**{**d, **{k: tuple(d[k]) for k in ("settings", "kinds") if d.get(k)}})
                            for d in doc["datasets"]),
             allocators=tuple(AllocatorSpec(**a) for a in doc["allocators"]),
             policies=tuple(doc["policies"]),
@@ -263,16 +265,16 @@ def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
     paged = next(a for a in cfg.allocators if a.kind == "paged")
     low_jobs, searches = [], []
     for s in cfg.settings:
-        policies = cfg.policies if s.name in cfg.policy_comparison_settings else cfg.policies[:1]
+        compare = s.name in cfg.policy_comparison_settings
         for d in (d for d in cfg.datasets if d.runs_on(s)):
-            for policy in policies:
+            for policy in cfg.policies if compare and d.compare_policies else cfg.policies[:1]:
                 for seed in cfg.seeds:
                     rate = _low_load_rate(s, d)
                     low = Point(s, d, paged, policy, rate, seed, cfg.low_load_requests, slots[s.name].num_slots,
                                 False, cfg_tuple)
                     low_jobs.append(low)
                     searches += [(dataclasses.replace(low, allocator=a, num_requests=d.num_requests))
-                                 for a in cfg.allocators]
+                                 for a in cfg.allocators if d.kinds is None or a.kind in d.kinds]
     with ProcessPoolExecutor(cfg.workers) as pool:
         lows = dict(zip([(p.setting.name, p.dataset.name, p.policy, p.seed) for p in low_jobs],
                         pool.map(run_point, low_jobs)))

@@ -172,3 +172,11 @@ sharing: {dataset: alpaca, num_requests: 5, block_size: 16, n: [2]}
     text = (tmp_path / "memory.md").read_text()
     assert "| Orca (Max)" in text and "20.4" in text and "Environment" in text
     assert all((tmp_path / f"memory_{p}.png").stat().st_size > 0 for p in ("shares", "block_size", "step"))
+
+
+def test_sim_speed_replays_the_block_managers_calls(tmp_path):
+    from pagedbench.bench import sim_speed
+
+    r = sim_speed.measure(40, 4.0, kv_slots=1500)
+    assert r["generated_tokens"] > 0 and r["block_manager_calls"] >= r["generated_tokens"] - 40
+    assert r["simulation_wall_s"] > 0 and r["block_manager_wall_s"] > 0 and r["ratio"] > 0
