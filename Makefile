@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full lint format clean
+.PHONY: gpu-check install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full lint format clean
 
 install: $(STAMP)
 
@@ -57,6 +57,12 @@ conformance-results: install
 ## Compile every kernel for sm_90 without a GPU and report register spills.
 kernels-compile-check: install
 	$(PY) -m pagedbench.kernels.compile_check
+
+## The checks only a GPU can run (one script, <= 4 minutes, results/gpu/). On a lent GPU machine it installs
+## nothing from the network: the package is linked into the machine's own python with --no-deps.
+gpu-check: $(if $(filter yes,$(SYS_TORCH)),,install)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pagedbench.bench.gpu_check
 
 mutants: install
 	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)
