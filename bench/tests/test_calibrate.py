@@ -97,6 +97,8 @@ def test_the_schedule_check_catches_a_different_schedule():
     other = serve_simulated(dataclasses.replace(e, max_num_seqs=2), trace, cost)  # admits fewer at once
     assert other.shapes != real.shapes
     assert compare(trace, real, real, same, cost, cfg.validation)["schedule"]["same_steps"]
+    reordered = dataclasses.replace(same, shapes=same.shapes[::-1])  # as many steps, not the same ones
+    assert not compare(trace, real, real, reordered, cost, cfg.validation)["schedule"]["same_steps"]
     section = compare(trace, real, real, other, cost, cfg.validation)
     assert not section["schedule"]["same_steps"]
     reasons = calibrate._validity({"validation": section})["reasons"]
