@@ -61,7 +61,8 @@ def _fit_tables(cal: dict) -> list[str]:
     return [
         f"## Calibration: {cal['num_samples']} timed steps in {cal['wall_s']:.1f} s",
         "", f"Steps by kind: {cal['num_samples_by_kind']}; decode batches up to {cal['max_decode_batch']}; "
-            f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}.", "",
+            f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}; CPU time / wall time "
+            f"of a step, median: {cal['cpu_share_median']:.1%}.", "",
         tabulate(coef, ["term", "fitted cost"], tablefmt="github"), "",
         "Relative error of the fit on its own samples (predicted / measured - 1):", "",
         tabulate(rows, ["steps", "n", "median abs err", "p90 abs err", "max abs err", "rms", "median (signed)"],
@@ -99,6 +100,28 @@ def _validation_tables(v: dict) -> list[str]:
     ]
 
 
+def _variants_table(record: dict) -> list[str]:
+    cal, v = record["calibration"], record["validation"]
+    variants = (("wall clock, fit_profile (the result)", cal, v),
+                ("wall clock, fit rescaled to median error 0", cal["median_rescaled"], v["median_rescaled"]),
+                ("CPU time (process_time), fit_profile", cal["cpu_clock"], v["cpu_clock"]))
+    rows = []
+    for name, fit, val in variants:
+        lat, errors = val["latency"], fit["fit_errors"]["all"]
+        rows.append((name, _pct(errors["median_abs"]), _pct(errors["median_signed"]),
+                     _pct(val["step_error"]["median_signed"]), _pct(lat["median_abs_rel_error"]),
+                     _pct(lat["median_signed_rel_error"]), _pct(lat["real_spread_median"]), f"{lat['goal']:.1%}",
+                     "yes" if lat["goal_met"] else "NO", _pct(val["makespan"]["rel_error"])))
+    return [
+        "## The model's error and the machine's noise", "",
+        "The same grid and trace, timed on two clocks: the wall clock (what a user waits) and this process's "
+        "CPU time (the time a step held a core; most of the other workers' contention taken out).", "",
+        tabulate(rows, ["", "fit: median abs err", "fit: median signed", "trace steps: median signed",
+                        "latency: median abs err", "latency: median signed", "real-run spread", "goal", "met",
+                        "makespan err"], tablefmt="github"), "",
+    ]
+
+
 def render_markdown(record: dict) -> str:
     load = record["machine_load"]
     validity = record["validity"]
@@ -113,6 +136,7 @@ def render_markdown(record: dict) -> str:
         f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
         *_fit_tables(record["calibration"]),
         *_validation_tables(record["validation"]),
+        *_variants_table(record),
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",
     ]
     return "\n".join(lines)

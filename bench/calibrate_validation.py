@@ -16,6 +16,7 @@ trace (out of sample: the grid never served this trace).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -40,6 +41,14 @@ class Served:
     shapes: tuple[StepShape, ...]  # the schedule, step by step
     steps: tuple[TimedStep, ...] = ()  # real runs: each step timed
     output_token_ids: tuple[tuple[int, ...], ...] = ()  # real runs: what each request generated
+    finish_steps: tuple[int, ...] = ()  # real runs: the index of the step each request finished in
+
+    def on_cpu_clock(self) -> Served:
+        """A real run timed in CPU time: a request's latency is the CPU time of every step up to the one it
+        finished in (every request arrived before the first step)."""
+        elapsed = np.cumsum([s.cpu_s for s in self.steps])
+        return dataclasses.replace(self, latencies_s=tuple(float(elapsed[i]) for i in self.finish_steps),
+                                   makespan_s=float(elapsed[-1]))
 
 
 def validation_trace(cfg: CalibrateConfig, vocab_size: int) -> Trace:
@@ -58,9 +67,11 @@ def serve_real(loaded, spec: EngineSpec, trace: Trace) -> Served:
         core.add(r)
     steps = run_engine(llm, timer)
     start = min(r.arrival_s for r in requests)
+    step_of_end = {s.end_s: i for i, s in enumerate(steps)}
     return Served(tuple(r.finish_s - r.arrival_s for r in requests), max(r.finish_s for r in requests) - start,
                   tuple(s.shape for s in steps), tuple(steps),
-                  tuple(tuple(r.children[0].output_token_ids) for r in requests))
+                  tuple(tuple(r.children[0].output_token_ids) for r in requests),
+                  tuple(step_of_end[r.finish_s] for r in requests))
 
 
 def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel) -> Served:
@@ -88,12 +99,12 @@ def _rel(x: float, ref: float) -> float:
     return x / ref - 1.0
 
 
-def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel, spec: ValidationSpec) -> dict:
-    """The validation section of the record (see the module docstring)."""
+def latency_comparison(a: Served, b: Served, sim: Served, spec: ValidationSpec) -> dict:
+    """Per-request latency error of ``sim`` against the mean of the real runs ``a`` and ``b``, beside their
+    spread; the goal; the p50/p90/p99 and the makespan."""
     la, lb, ls = (np.array(s.latencies_s) for s in (a, b, sim))
     real = 0.5 * (la + lb)
-    error = ls / real - 1.0
-    spread = np.abs(la - lb) / real
+    error, spread = ls / real - 1.0, np.abs(la - lb) / real
     median_error, median_spread = float(np.median(np.abs(error))), float(np.median(spread))
     goal = max(spec.goal_floor, spec.goal_spread_factor * median_spread)
     quantiles = []
@@ -103,13 +114,7 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
         quantiles.append({"quantile": q, "real_a_s": qa, "real_b_s": qb, "sim_s": qs,
                           "rel_error": _rel(qs, mean), "real_spread": abs(qa - qb) / mean})
     real_makespan = 0.5 * (a.makespan_s + b.makespan_s)
-    steps = a.steps + b.steps
-    step_error = np.array([cost.step_time_s(step_batch(s.shape)) / s.step_s - 1.0 for s in steps])
-    stepped = [sum(s.step_s for s in r.steps) / r.makespan_s for r in (a, b)]
     return {
-        "schedule": {"num_steps": {"real_a": len(a.shapes), "real_b": len(b.shapes), "sim": len(sim.shapes)},
-                     "same_steps": a.shapes == b.shapes == sim.shapes,
-                     "same_tokens_in_real_runs": a.output_token_ids == b.output_token_ids},
         "latency": {"median_abs_rel_error": median_error, "median_signed_rel_error": float(np.median(error)),
                     "p90_abs_rel_error": float(np.quantile(np.abs(error), 0.9)),
                     "real_spread_median": median_spread, "real_spread_p90": float(np.quantile(spread, 0.9)),
@@ -117,23 +122,54 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
         "quantiles": quantiles,
         "makespan": {"real_a_s": a.makespan_s, "real_b_s": b.makespan_s, "sim_s": sim.makespan_s,
                      "rel_error": _rel(sim.makespan_s, real_makespan),
-                     "real_spread": abs(a.makespan_s - b.makespan_s) / real_makespan,
-                     "share_inside_steps": stepped},
-        "step_error": error_summary(step_error),
-        "requests": [{"request_id": i, "prompt_len": len(p), "output_len": o, "real_a_s": float(x),
-                      "real_b_s": float(y), "sim_s": float(s), "rel_error": float(e), "real_spread": float(d)}
-                     for i, (p, o, x, y, s, e, d) in enumerate(zip(trace.prompts, trace.output_lens, la, lb, ls,
-                                                                   error, spread))],
+                     "real_spread": abs(a.makespan_s - b.makespan_s) / real_makespan},
     }
 
 
-def validate(loaded, cfg: CalibrateConfig, cost: StepCostModel) -> dict:
-    """Serve the validation trace twice for real and once simulated; the validation record section."""
+def step_errors(cost: StepCostModel, runs: tuple[Served, ...], clock: str) -> dict:
+    """The model's relative error on every real step of ``runs`` (out of sample for the grid's fit)."""
+    steps = [s for r in runs for s in r.steps]
+    return error_summary(np.array([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) - 1.0 for s in steps]))
+
+
+def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel, spec: ValidationSpec) -> dict:
+    """The wall-clock comparison: the schedules, :func:`latency_comparison`, the step errors, each request."""
+    section = latency_comparison(a, b, sim, spec)
+    section["makespan"]["share_inside_steps"] = [sum(s.step_s for s in r.steps) / r.makespan_s for r in (a, b)]
+    rows = zip(trace.prompts, trace.output_lens, a.latencies_s, b.latencies_s, sim.latencies_s)
+    return {
+        "schedule": {"num_steps": {"real_a": len(a.shapes), "real_b": len(b.shapes), "sim": len(sim.shapes)},
+                     "same_steps": a.shapes == b.shapes == sim.shapes,
+                     "same_tokens_in_real_runs": a.output_token_ids == b.output_token_ids},
+        **section,
+        "step_error": step_errors(cost, (a, b), "wall"),
+        "requests": [{"request_id": i, "prompt_len": len(p), "output_len": o, "real_a_s": x, "real_b_s": y,
+                      "sim_s": s, "rel_error": s / (0.5 * (x + y)) - 1.0, "real_spread": abs(x - y) / (0.5 * (x + y))}
+                     for i, (p, o, x, y, s) in enumerate(rows)],
+    }
+
+
+def validate(loaded, cfg: CalibrateConfig, cost: StepCostModel, cpu_cost: StepCostModel,
+             rescaled_cost: StepCostModel) -> dict:
+    """Serve the validation trace twice for real and in the simulator; the validation record section.
+
+    The main comparison is on the wall clock with ``cost``. Two diagnostics beside it: ``cpu_clock``,
+    the real runs' latencies in CPU time against the simulator on ``cpu_cost`` (fitted to the grid's CPU
+    times: the model's error with most of the machine's contention taken out), and ``median_rescaled``,
+    the wall clock against ``rescaled_cost`` (``cost`` at a level without the fit's noise bias).
+    """
     trace = validation_trace(cfg, loaded.config.vocab_size)
     a = serve_real(loaded, cfg.engine, trace)
     b = serve_real(loaded, cfg.engine, trace)
-    sim = serve_simulated(cfg.engine, trace, cost)
-    section = compare(trace, a, b, sim, cost, cfg.validation)
+    section = compare(trace, a, b, serve_simulated(cfg.engine, trace, cost), cost, cfg.validation)
+    a_cpu, b_cpu = a.on_cpu_clock(), b.on_cpu_clock()
+    section["cpu_clock"] = {
+        **latency_comparison(a_cpu, b_cpu, serve_simulated(cfg.engine, trace, cpu_cost), cfg.validation),
+        "step_error": step_errors(cpu_cost, (a, b), "cpu")}
+    section["median_rescaled"] = {
+        "label": rescaled_cost.label,
+        **latency_comparison(a, b, serve_simulated(cfg.engine, trace, rescaled_cost), cfg.validation),
+        "step_error": step_errors(rescaled_cost, (a, b), "wall")}
     section["trace"] = {**asdict(cfg.validation), "num_requests": len(trace.prompts),
                         "mean_prompt_len": trace.mean_prompt_len, "mean_output_len": trace.mean_output_len,
                         "max_total_len": max(len(p) + o for p, o in zip(trace.prompts, trace.output_lens))}

@@ -59,6 +59,10 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     errors = [r["rel_error"] for r in v["requests"]]
     assert lat["median_abs_rel_error"] == pytest.approx(float(np.median(np.abs(errors))))
     assert v["makespan"]["sim_s"] > 0 and record["assumptions"]
+    for diagnostic in ("cpu_clock", "median_rescaled"):  # the same comparison, another clock or level
+        assert v[diagnostic]["latency"].keys() == lat.keys() and len(v[diagnostic]["quantiles"]) == 3
+        assert set(cal[diagnostic]["coefficients"]) == set(TERMS)
+    assert cal["median_rescaled"]["fit_errors"]["all"]["median_signed"] == pytest.approx(0.0, abs=1e-9)
     assert record["validity"]["valid"] == (lat["goal_met"] and v["schedule"]["same_steps"])
     md = (out / "calibration.md").read_text()
     for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan"):
@@ -94,6 +98,12 @@ def test_the_schedule_check_catches_a_different_schedule():
     cost = _cost(dict(zip(TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8))))
     same = serve_simulated(e, trace, cost)
     assert same.shapes == real.shapes
+    # each request's finish step: the wall latency is the steps' time up to it, the CPU latency their CPU time
+    assert max(real.finish_steps) == len(real.steps) - 1
+    wall = np.cumsum([s.step_s for s in real.steps])
+    assert np.allclose([wall[i] for i in real.finish_steps], real.latencies_s, rtol=0.05)
+    cpu = real.on_cpu_clock()
+    assert cpu.latencies_s == tuple(float(np.cumsum([s.cpu_s for s in real.steps])[i]) for i in real.finish_steps)
     other = serve_simulated(dataclasses.replace(e, max_num_seqs=2), trace, cost)  # admits fewer at once
     assert other.shapes != real.shapes
     assert compare(trace, real, real, same, cost, cfg.validation)["schedule"]["same_steps"]
