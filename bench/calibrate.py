@@ -95,7 +95,7 @@ def calibration_section(steps: list[TimedStep], costs: dict[str, StepCostModel],
         "cpu_clock": _fit_section(steps, costs["cpu"], "cpu"),
         "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall"),
         "host_share_median": float(np.median([1.0 - s.execute_s / s.step_s for s in steps])),
-        "cpu_share_median": float(np.median([s.cpu_s / s.step_s for s in steps])),
+        "cpu_share_of_wall": sum(s.cpu_s for s in steps) / sum(s.step_s for s in steps),
         "samples": [_sample_row(s, costs["wall"]) for s in steps],
     }
 

@@ -62,7 +62,7 @@ def _fit_tables(cal: dict) -> list[str]:
         f"## Calibration: {cal['num_samples']} timed steps in {cal['wall_s']:.1f} s",
         "", f"Steps by kind: {cal['num_samples_by_kind']}; decode batches up to {cal['max_decode_batch']}; "
             f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}; CPU time / wall time "
-            f"of a step, median: {cal['cpu_share_median']:.1%}.", "",
+            f"of the steps: {cal['cpu_share_of_wall']:.1%}.", "",
         tabulate(coef, ["term", "fitted cost"], tablefmt="github"), "",
         "Relative error of the fit on its own samples (predicted / measured - 1):", "",
         tabulate(rows, ["steps", "n", "median abs err", "p90 abs err", "max abs err", "rms", "median (signed)"],
@@ -70,7 +70,7 @@ def _fit_tables(cal: dict) -> list[str]:
     ]
 
 
-def _validation_tables(v: dict) -> list[str]:
+def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
     lat, sched, mk = v["latency"], v["schedule"], v["makespan"]
     t = v["trace"]
     rows = [("per-request latency, median abs err", "", "", _pct(lat["median_abs_rel_error"]),
@@ -96,7 +96,8 @@ def _validation_tables(v: dict) -> list[str]:
         f"The fitted model on the trace's {s['num_samples']} real steps (out of sample): median |err| "
         f"{_pct(s['median_abs'])}, p90 {_pct(s['p90_abs'])}, signed median {_pct(s['median_signed'])}. "
         f"Share of the real makespan inside engine steps: "
-        f"{', '.join(f'{x:.1%}' for x in mk['share_inside_steps'])}.", "",
+        f"{', '.join(f'{x:.1%}' for x in mk['share_inside_steps'])}; CPU time / wall time of the steps: "
+        f"{', '.join(f'{x:.1%}' for x in mk['cpu_share_of_wall'])} (calibration: {cal_cpu_share:.1%}).", "",
     ]
 
 
@@ -135,7 +136,7 @@ def render_markdown(record: dict) -> str:
         f"after: {', '.join(f'{x:.2f}' for x in load['loadavg_after'])} on {load['cpu_count']} cores", "",
         f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
         *_fit_tables(record["calibration"]),
-        *_validation_tables(record["validation"]),
+        *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
         *_variants_table(record),
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",
     ]

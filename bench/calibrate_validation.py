@@ -136,6 +136,9 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
     """The wall-clock comparison: the schedules, :func:`latency_comparison`, the step errors, each request."""
     section = latency_comparison(a, b, sim, spec)
     section["makespan"]["share_inside_steps"] = [sum(s.step_s for s in r.steps) / r.makespan_s for r in (a, b)]
+    # the share of a core the runs got: against the calibration's, it says how the load moved in between
+    section["makespan"]["cpu_share_of_wall"] = [sum(s.cpu_s for s in r.steps) / sum(s.step_s for s in r.steps)
+                                                for r in (a, b)]
     rows = zip(trace.prompts, trace.output_lens, a.latencies_s, b.latencies_s, sim.latencies_s)
     return {
         "schedule": {"num_steps": {"real_a": len(a.shapes), "real_b": len(b.shapes), "sim": len(sim.shapes)},
