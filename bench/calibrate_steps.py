@@ -22,6 +22,7 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ class _Grid:
         for j, size in enumerate(levels):  # first-admitted requests end first
             for _ in range(size - (levels[j + 1] if j + 1 < len(levels) else 0)):
                 self.add(context, head + g.steps_per_batch * (j + 1))
-        mixed = iter(g.mixed_prefill_lens * 1000)
+        mixed = itertools.cycle(g.mixed_prefill_lens)
         decode_steps = 0
 
         def join(steps: list[TimedStep]) -> None:
