@@ -27,6 +27,7 @@ def write_atomic(path: Path, text: str) -> None:
     """``path`` holds ``text`` or its old content, never a part: temp file in its folder, then replace."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the results from other readers
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -151,6 +151,7 @@ def test_the_shipped_config_loads_both_ways():
 def test_atomic_write_keeps_the_old_file_when_the_replace_fails(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
     write_atomic(path, "old")
+    assert path.stat().st_mode & 0o777 == 0o644
 
     def fail(src, dst):
         raise OSError("disk full")
