@@ -1,0 +1,144 @@
+"""The calibration record rendered as Markdown, and both files written atomically.
+
+:func:`write_results` writes ``calibration.json`` and ``calibration.md`` each to a temporary file in the
+results folder and moves it into place with ``os.replace``: a reader never sees half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pagedbench.bench.environment import environment_markdown
+from tabulate import tabulate
+
+_TERM_UNITS = {
+    "fixed_s": ("fixed (per step)", 1e3, "ms"),
+    "linear_compute_s_per_token": ("per token", 1e6, "µs"),
+    "lm_head_s_per_sampled_token": ("per sampled sequence", 1e6, "µs"),
+    "decode_attn_s_per_context_token": ("per decode context token", 1e9, "ns"),
+    "prefill_attn_s_per_pair": ("per prefill (query, key) pair", 1e9, "ns"),
+}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or its old content, never a part: temp file in its folder, then replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the results from other readers
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(record: dict, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "calibration.json", out / "calibration.md"
+    write_atomic(json_path, json.dumps(record, indent=2) + "\n")
+    write_atomic(md_path, render_markdown(record))
+    return json_path, md_path
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}" if x < 0 else f"{x:.1%}"
+
+
+def _fit_tables(cal: dict) -> list[str]:
+    coef = [(label, f"{cal['coefficients'][t] * scale:.4g} {unit}") for t, (label, scale, unit) in _TERM_UNITS.items()]
+    rows = []
+    for kind, s in cal["fit_errors"].items():
+        if s["num_samples"]:
+            rows.append((kind, s["num_samples"], _pct(s["median_abs"]), _pct(s["p90_abs"]), _pct(s["max_abs"]),
+                         _pct(s["rms"]), _pct(s["median_signed"])))
+    base = cal["constant_baseline"]
+    b = base["errors"]
+    rows.append((f"constant {base['step_s'] * 1e3:.2f} ms (baseline)", b["num_samples"], _pct(b["median_abs"]),
+                 _pct(b["p90_abs"]), _pct(b["max_abs"]), _pct(b["rms"]), _pct(b["median_signed"])))
+    return [
+        f"## Calibration: {cal['num_samples']} timed steps in {cal['wall_s']:.1f} s",
+        "", f"Steps by kind: {cal['num_samples_by_kind']}; decode batches up to {cal['max_decode_batch']}; "
+            f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}; CPU time / wall time "
+            f"of the steps: {cal['cpu_share_of_wall']:.1%}.", "",
+        tabulate(coef, ["term", "fitted cost"], tablefmt="github"), "",
+        "Relative error of the fit on its own samples (predicted / measured - 1):", "",
+        tabulate(rows, ["steps", "n", "median abs err", "p90 abs err", "max abs err", "rms", "median (signed)"],
+                 tablefmt="github"), "",
+    ]
+
+
+def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
+    lat, sched, mk = v["latency"], v["schedule"], v["makespan"]
+    t = v["trace"]
+    rows = [("per-request latency, median abs err", "", "", _pct(lat["median_abs_rel_error"]),
+             _pct(lat["real_spread_median"]))]
+    for q in v["quantiles"]:
+        rows.append((f"latency p{round(q['quantile'] * 100)}", f"{q['real_a_s']:.3f} / {q['real_b_s']:.3f}",
+                     f"{q['sim_s']:.3f}", _pct(q["rel_error"]), _pct(q["real_spread"])))
+    rows.append(("makespan", f"{mk['real_a_s']:.3f} / {mk['real_b_s']:.3f}", f"{mk['sim_s']:.3f}",
+                 _pct(mk["rel_error"]), _pct(mk["real_spread"])))
+    s = v["step_error"]
+    verdict = "met" if lat["goal_met"] else "NOT met"
+    return [
+        f"## Validation: {t['num_requests']} {t['dataset']}-like requests at t=0 (mean prompt "
+        f"{t['mean_prompt_len']:.0f}, mean output {t['mean_output_len']:.0f} tokens), {v['wall_s']:.1f} s", "",
+        f"Schedule: steps {sched['num_steps']}, identical step shapes: {sched['same_steps']}; the two real "
+        f"runs generated the same tokens: {sched['same_tokens_in_real_runs']}.", "",
+        tabulate(rows, ["", "real run a / b (s)", "simulated (s)", "sim error", "real-run spread"],
+                 tablefmt="github"), "",
+        f"Goal: median per-request error <= max({v['trace']['goal_floor']:.0%}, "
+        f"{v['trace']['goal_spread_factor']} x spread {lat['real_spread_median']:.1%}) = {lat['goal']:.1%}: "
+        f"**{verdict}** ({_pct(lat['median_abs_rel_error'])}; signed median {_pct(lat['median_signed_rel_error'])}, "
+        f"p90 |err| {_pct(lat['p90_abs_rel_error'])}).", "",
+        f"The fitted model on the trace's {s['num_samples']} real steps (out of sample): median |err| "
+        f"{_pct(s['median_abs'])}, p90 {_pct(s['p90_abs'])}, signed median {_pct(s['median_signed'])}. "
+        f"Share of the real makespan inside engine steps: "
+        f"{', '.join(f'{x:.1%}' for x in mk['share_inside_steps'])}; CPU time / wall time of the steps: "
+        f"{', '.join(f'{x:.1%}' for x in mk['cpu_share_of_wall'])} (calibration: {cal_cpu_share:.1%}).", "",
+    ]
+
+
+def _variants_table(record: dict) -> list[str]:
+    cal, v = record["calibration"], record["validation"]
+    variants = (("wall clock, fit_profile (the result)", cal, v),
+                ("wall clock, fit rescaled to median error 0", cal["median_rescaled"], v["median_rescaled"]),
+                ("CPU time (process_time), fit_profile", cal["cpu_clock"], v["cpu_clock"]))
+    rows = []
+    for name, fit, val in variants:
+        lat, errors = val["latency"], fit["fit_errors"]["all"]
+        rows.append((name, _pct(errors["median_abs"]), _pct(errors["median_signed"]),
+                     _pct(val["step_error"]["median_signed"]), _pct(lat["median_abs_rel_error"]),
+                     _pct(lat["median_signed_rel_error"]), _pct(lat["real_spread_median"]), f"{lat['goal']:.1%}",
+                     "yes" if lat["goal_met"] else "NO", _pct(val["makespan"]["rel_error"])))
+    return [
+        "## The model's error and the machine's noise", "",
+        "The same grid and trace, timed on two clocks: the wall clock (what a user waits) and this process's "
+        "CPU time (the time a step held a core; most of the other workers' contention taken out).", "",
+        tabulate(rows, ["", "fit: median abs err", "fit: median signed", "trace steps: median signed",
+                        "latency: median abs err", "latency: median signed", "real-run spread", "goal", "met",
+                        "makespan err"], tablefmt="github"), "",
+    ]
+
+
+def render_markdown(record: dict) -> str:
+    load = record["machine_load"]
+    validity = record["validity"]
+    lines = [
+        "# Step-cost calibration of the CPU engine" + (" (quick)" if record["config"]["quick"] else ""), "",
+        environment_markdown(record["environment"]).rstrip(),
+        f"- model: {record['config']['engine']['model']} ({record['config']['engine']['dtype']}, "
+        f"{record['config']['engine']['attention_backend']} attention), torch threads "
+        f"{record['config']['torch_threads_used']}",
+        f"- load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load['loadavg_before'])}; "
+        f"after: {', '.join(f'{x:.2f}' for x in load['loadavg_after'])} on {load['cpu_count']} cores", "",
+        f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
+        *_fit_tables(record["calibration"]),
+        *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
+        *_variants_table(record),
+        "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",
+    ]
+    return "\n".join(lines)

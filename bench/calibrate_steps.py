@@ -1,0 +1,208 @@
+"""Timing the real engine's steps over a grid of batch shapes, and fitting the step-cost model to them.
+
+The engine runs unchanged: :class:`TimingExecutor` wraps its executor (deciding nothing) and
+:func:`run_engine` drives ``EngineCore.step`` itself, keeping each step's :class:`StepShape` and three
+durations: the whole step on the wall clock (schedule + execute + update: what one step of the
+serving simulator stands for, so the fit's target), the same step in this process's CPU time (what
+the step cost when it ran: on a shared machine the wall clock adds the time other processes held the
+cores, the CPU clock mostly does not), and the executor alone (wall clock).
+
+The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine after an untimed warm-up:
+
+- a *decode run* per context length ``L``: ``decode_batches[0]`` prompts of ``L`` tokens are prefilled
+  in chunked steps of up to ``max_num_batched_tokens`` (prefill steps; mixed ones as the first
+  sequences start decoding), then decode while requests finish in turn (request ``i`` is given
+  ``max_tokens`` so that the batch steps down through ``decode_batches``, about ``steps_per_batch``
+  steps at each size); every ``steps_per_batch`` decode-only steps a fresh prompt from
+  ``mixed_prefill_lens`` joins for one step (a mixed step);
+- *lone prompts* of each of ``prefill_lens`` (``prefill_repeats`` times), ``max_tokens=1``: prefill-only
+  steps, chunked past the token budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pagedbench.bench.calibrate_config import CalibrateConfig, EngineSpec, decode_run_tokens
+from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
+from pagedbench.bench.costmodel.calibration import TERMS, relative_errors
+from pagedbench.refengine import LLM, SamplingParams
+from pagedbench.refengine.engine.core import StepShape
+
+KINDS = ("decode", "prefill", "mixed")
+CLOCKS = ("wall", "cpu")  # which duration of a step a fit targets: step_s or cpu_s
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStep:
+    """One real engine step: what ran and how long it took."""
+
+    shape: StepShape
+    step_s: float  # the whole EngineCore.step: schedule + execute + update (wall clock)
+    cpu_s: float  # the same step in this process's CPU time (time.process_time)
+    execute_s: float  # the executor's execute() alone (model forward, sampling; wall clock)
+    end_s: float  # the engine clock when the step ended (a request finishing in it has this finish_s)
+
+    def seconds(self, clock: str) -> float:
+        return self.step_s if clock == "wall" else self.cpu_s
+
+    @property
+    def kind(self) -> str:
+        if not self.shape.prefill_chunks:
+            return "decode"
+        return "mixed" if self.shape.decode_context_lens else "prefill"
+
+
+class TimingExecutor:
+    """Wraps an executor and times each ``execute`` with ``time.perf_counter``; decides nothing."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.last_s = 0.0  # the duration of the latest execute()
+
+    def execute(self, out):
+        start = time.perf_counter()
+        result = self.inner.execute(out)
+        self.last_s = time.perf_counter() - start
+        return result
+
+
+def step_batch(shape: StepShape) -> StepBatch:
+    """The cost model's view of a step: a prefill chunk's context there excludes the chunk itself."""
+    return StepBatch.of(decode_context_lens=shape.decode_context_lens,
+                        prefill_chunks=tuple((q, ctx - q) for q, ctx in shape.prefill_chunks))
+
+
+def build_engine(loaded, spec: EngineSpec) -> tuple[LLM, TimingExecutor]:
+    """A fresh engine over ``loaded`` with ``spec``'s settings and its executor timed."""
+    llm = LLM(loaded, block_size=spec.block_size, num_blocks=spec.num_blocks,
+              enable_prefix_caching=spec.enable_prefix_caching, max_num_seqs=spec.max_num_seqs,
+              max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
+              seed=spec.seed)
+    timer = TimingExecutor(llm.core.executor)
+    llm.core.executor = timer
+    return llm, timer
+
+
+def run_engine(llm: LLM, timer: TimingExecutor,
+               before_step: Callable[[list[TimedStep]], None] | None = None) -> list[TimedStep]:
+    """Step until every queued request is done; ``before_step(steps so far)`` may add requests."""
+    core, steps = llm.core, []
+    while core.has_unfinished():
+        if before_step is not None:
+            before_step(steps)
+        cpu_start = time.process_time()
+        report = core.step()
+        cpu_s = time.process_time() - cpu_start
+        steps.append(TimedStep(StepShape.of(report.output), report.end_s - report.start_s, cpu_s, timer.last_s,
+                               report.end_s))
+    return steps
+
+
+class _Grid:
+    def __init__(self, llm: LLM, timer: TimingExecutor, cfg: CalibrateConfig) -> None:
+        self.llm, self.timer, self.cfg = llm, timer, cfg
+        self.rng = np.random.default_rng(cfg.engine.seed)
+        self.vocab = llm.config.vocab_size
+
+    def add(self, prompt_len: int, max_tokens: int) -> None:
+        core = self.llm.core
+        prompt = self.rng.integers(0, self.vocab, prompt_len).tolist()  # random: no prefix is shared
+        core.add(core.new_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+
+    def warm_up(self) -> None:
+        e = self.cfg.engine
+        for _ in range(self.cfg.grid.warmup_requests):
+            self.add(32, 8)
+        self.add(min(e.max_num_batched_tokens, e.max_model_len - 2), 2)  # a full-budget step
+        run_engine(self.llm, self.timer)
+
+    def decode_run(self, context: int) -> list[TimedStep]:
+        g = self.cfg.grid
+        levels = g.decode_batches
+        # A request may be admitted first and decode through every prefill step of the run: give each
+        # that many tokens more, so the batch stays full until the last prompt is prefilled.
+        head = decode_run_tokens(self.cfg, context) - 1 - g.steps_per_batch * len(levels)
+        for j, size in enumerate(levels):  # first-admitted requests end first
+            for _ in range(size - (levels[j + 1] if j + 1 < len(levels) else 0)):
+                self.add(context, head + g.steps_per_batch * (j + 1))
+        mixed = itertools.cycle(g.mixed_prefill_lens)
+        decode_steps = 0
+
+        def join(steps: list[TimedStep]) -> None:
+            nonlocal decode_steps
+            if steps and steps[-1].kind == "decode":
+                decode_steps += 1
+                if decode_steps % g.steps_per_batch == 0:
+                    self.add(next(mixed), 1)
+
+        return run_engine(self.llm, self.timer, join)
+
+    def lone_prompts(self) -> list[TimedStep]:
+        steps = []
+        for _ in range(self.cfg.grid.prefill_repeats):
+            for n in self.cfg.grid.prefill_lens:
+                self.add(n, 1)
+                steps += run_engine(self.llm, self.timer)
+        return steps
+
+
+def calibration_steps(loaded, cfg: CalibrateConfig) -> list[TimedStep]:
+    """Serve the grid on one engine (see the module docstring); every timed step, warm-up excluded."""
+    llm, timer = build_engine(loaded, cfg.engine)
+    grid = _Grid(llm, timer, cfg)
+    grid.warm_up()
+    steps = []
+    for context in cfg.grid.decode_contexts:
+        steps += grid.decode_run(context)
+    return steps + grid.lone_prompts()
+
+
+def samples_of(steps: Sequence[TimedStep], clock: str = "wall") -> list[StepSample]:
+    return [StepSample(step_batch(s.shape), s.seconds(clock)) for s in steps]
+
+
+def error_summary(errors: np.ndarray) -> dict[str, float | int]:
+    """Relative errors (predicted / measured - 1) summarised: sizes of the misses, and their bias."""
+    a = np.abs(errors)
+    if not len(a):
+        return {"num_samples": 0}
+    return {"num_samples": len(a), "median_abs": float(np.median(a)), "p90_abs": float(np.quantile(a, 0.9)),
+            "max_abs": float(a.max()), "rms": float(np.sqrt(np.mean(errors ** 2))),
+            "median_signed": float(np.median(errors))}
+
+
+def fit_errors(cost: StepCostModel, steps: Sequence[TimedStep], clock: str = "wall") -> dict[str, dict]:
+    """:func:`error_summary` of ``cost`` on ``steps``: all of them and each kind."""
+    errors = relative_errors(cost, samples_of(steps, clock))
+    kinds = np.array([s.kind for s in steps])
+    return {"all": error_summary(errors), **{k: error_summary(errors[kinds == k]) for k in KINDS}}
+
+
+def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
+    """The one step time closest to every step (least squares on relative error): the baseline a
+    step-cost model must beat."""
+    y = np.array([s.seconds(clock) for s in steps])
+    return float(np.sum(1 / y) / np.sum(1 / y ** 2))
+
+
+def fit(steps: Sequence[TimedStep], clock: str = "wall") -> StepCostModel:
+    """:func:`fit_profile` on the steps' ``clock`` durations."""
+    return fit_profile(samples_of(steps, clock), label=f"CPU engine fit to {len(steps)} timed steps ({clock} clock)")
+
+
+def median_rescaled(cost: StepCostModel, steps: Sequence[TimedStep], clock: str = "wall") -> StepCostModel:
+    """``cost`` with every coefficient scaled so that its median relative error on ``steps`` is 0.
+
+    A diagnostic: least squares on relative error under-predicts a typical step when the timings are
+    noisy (the best constant for ``y`` is ``sum(1/y) / sum(1/y^2)``, below the median), so this is
+    the same model at a level the noise does not pull down.
+    """
+    ratio = float(np.median([s.seconds(clock) / cost.step_time_s(step_batch(s.shape)) for s in steps]))
+    scaled = {t: getattr(cost, t) * ratio for t in TERMS}
+    return dataclasses.replace(cost, label=f"{cost.label}, rescaled x{ratio:.3f} to median error 0", **scaled)

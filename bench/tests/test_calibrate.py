@@ -1,0 +1,170 @@
+"""The calibration study on the tiny model (``--quick``): the record it writes, the fit against a constant,
+the schedule check of the validation, the strict config and the atomic write."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from pagedbench.bench import calibrate
+from pagedbench.bench.calibrate_config import CONFIG, load_config
+from pagedbench.bench.calibrate_report import write_atomic
+from pagedbench.bench.calibrate_steps import step_batch
+from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
+from pagedbench.bench.costmodel import ProfileError, StepBatch, StepCostModel
+from pagedbench.bench.costmodel.calibration import TERMS
+from pagedbench.refengine import ModelConfig, load_model
+from pagedbench.refengine.engine.core import StepShape
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("calibration")
+    calibrate.main(["--quick", "--out", str(out)])
+    return out, json.loads((out / "calibration.json").read_text())
+
+
+def _cost(coefficients: dict[str, float]) -> StepCostModel:
+    return StepCostModel(label="from the record", linear_weights_s=0.0, linear_mem_s_per_token=0.0,
+                         prefill_attn_s_per_kv_token=0.0, **coefficients)
+
+
+def _batch(sample: dict) -> StepBatch:
+    return step_batch(StepShape(tuple(map(tuple, sample["prefill_chunks"])), tuple(sample["decode_context_lens"])))
+
+
+def test_quick_run_writes_one_record_with_every_section(quick_run):
+    out, record = quick_run
+    assert sorted(p.name for p in out.iterdir()) == ["calibration.json", "calibration.md"]  # no temp files
+    assert record["schema_version"] == 1 and record["study"] == "calibration"
+    assert record["environment"]["git"].keys() == {"commit", "dirty"}
+    assert record["config"]["quick"] and record["config"]["engine"]["model"] == "tiny"
+    assert len(record["machine_load"]["loadavg_before"]) == 3
+    cal = record["calibration"]
+    assert set(cal["coefficients"]) == set(TERMS)
+    assert cal["num_samples"] == len(cal["samples"]) >= len(TERMS)
+    assert all(cal["num_samples_by_kind"][k] > 0 for k in ("decode", "prefill", "mixed"))
+    assert cal["fit_errors"]["all"]["num_samples"] == cal["num_samples"]
+    v = record["validation"]
+    assert v["trace"]["num_requests"] == len(v["requests"]) == 6
+    assert [q["quantile"] for q in v["quantiles"]] == [0.5, 0.9, 0.99]
+    lat = v["latency"]
+    assert lat["goal"] == pytest.approx(max(0.10, 1.5 * lat["real_spread_median"]))
+    assert lat["goal_met"] == (lat["median_abs_rel_error"] <= lat["goal"])
+    errors = [r["rel_error"] for r in v["requests"]]
+    assert lat["median_abs_rel_error"] == pytest.approx(float(np.median(np.abs(errors))))
+    assert v["makespan"]["sim_s"] > 0 and record["assumptions"]
+    for diagnostic in ("cpu_clock", "median_rescaled"):  # the same comparison, another clock or level
+        assert v[diagnostic]["latency"].keys() == lat.keys() and len(v[diagnostic]["quantiles"]) == 3
+        assert set(cal[diagnostic]["coefficients"]) == set(TERMS)
+    assert cal["median_rescaled"]["fit_errors"]["all"]["median_signed"] == pytest.approx(0.0, abs=1e-9)
+    assert record["validity"]["valid"] == (lat["goal_met"] and v["schedule"]["same_steps"])
+    md = (out / "calibration.md").read_text()
+    for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan"):
+        assert heading in md
+
+
+def test_fitted_model_beats_a_constant_on_its_samples(quick_run):
+    _, record = quick_run
+    samples = record["calibration"]["samples"]
+    measured = np.array([s["step_s"] for s in samples])
+    cost = _cost(record["calibration"]["coefficients"])
+    fitted = np.array([cost.step_time_s(_batch(s)) for s in samples]) / measured - 1
+    constant = np.sum(1 / measured) / np.sum(1 / measured ** 2)  # the best constant, relative least squares
+    baseline = constant / measured - 1
+    assert np.sqrt(np.mean(fitted ** 2)) < 0.8 * np.sqrt(np.mean(baseline ** 2))
+    assert record["calibration"]["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(fitted ** 2)))
+
+
+def test_quick_validation_compared_equal_schedules(quick_run):
+    _, record = quick_run
+    sched = record["validation"]["schedule"]
+    assert sched["same_steps"] and sched["same_tokens_in_real_runs"]
+    assert sched["num_steps"]["real_a"] == sched["num_steps"]["real_b"] == sched["num_steps"]["sim"] > 0
+
+
+def test_the_schedule_check_catches_a_different_schedule():
+    cfg = load_config(quick=True)
+    e = cfg.engine
+    loaded = load_model(ModelConfig.from_yaml(Path(CONFIG).parent / "models.yaml", name=e.model),
+                        dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
+    trace = validation_trace(cfg, loaded.config.vocab_size)
+    real = serve_real(loaded, e, trace)
+    cost = _cost(dict(zip(TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8))))
+    same = serve_simulated(e, trace, cost)
+    assert same.shapes == real.shapes
+    # each request's finish step: the wall latency is the steps' time up to it, the CPU latency their CPU time
+    assert max(real.finish_steps) == len(real.steps) - 1
+    wall = np.cumsum([s.step_s for s in real.steps])
+    assert np.allclose([wall[i] for i in real.finish_steps], real.latencies_s, rtol=0.05)
+    cpu = real.on_cpu_clock()
+    assert cpu.latencies_s == tuple(float(np.cumsum([s.cpu_s for s in real.steps])[i]) for i in real.finish_steps)
+    other = serve_simulated(dataclasses.replace(e, max_num_seqs=2), trace, cost)  # admits fewer at once
+    assert other.shapes != real.shapes
+    assert compare(trace, real, real, same, cost, cfg.validation)["schedule"]["same_steps"]
+    reordered = dataclasses.replace(same, shapes=same.shapes[::-1])  # as many steps, not the same ones
+    assert not compare(trace, real, real, reordered, cost, cfg.validation)["schedule"]["same_steps"]
+    section = compare(trace, real, real, other, cost, cfg.validation)
+    assert not section["schedule"]["same_steps"]
+    reasons = calibrate._validity({"validation": section})["reasons"]
+    assert any("schedule differs" in r for r in reasons)
+
+
+def _bad_config(tmp_path: Path, edit) -> Path:
+    raw = yaml.safe_load(CONFIG.read_text())
+    edit(raw)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "quick", "field", "problem"), [
+    (lambda r: r["grid"].update(bogus=3), False, "grid.bogus", "unknown field"),
+    (lambda r: r.update(extra={}), False, "extra", "unknown field"),
+    (lambda r: r["grid"].update(steps_per_batch=-2), False, "grid.steps_per_batch", "expected an int >= 1, got -2"),
+    (lambda r: r["grid"].update(prefill_lens=[16, -64]), False, "grid.prefill_lens", "ints >= 1"),
+    (lambda r: r["validation"].update(length_scale=-0.5), False, "validation.length_scale", "number > 0"),
+    (lambda r: r["engine"].pop("num_blocks"), False, "engine.num_blocks", "missing"),
+    (lambda r: r["quick"]["grid"].update(steps_per_batch=0), True, "quick.grid.steps_per_batch", ">= 1, got 0"),
+    (lambda r: r["grid"].update(decode_batches=[4, 8]), False, "grid.decode_batches", "decreasing"),
+    (lambda r: r["engine"].update(num_blocks=8), False, "engine.num_blocks", "unpreempted"),
+])
+def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, problem):
+    path = _bad_config(tmp_path, edit)
+    with pytest.raises(ValueError, match=re.escape(problem)) as info:
+        load_config(path, quick=quick)
+    assert isinstance(info.value, ProfileError) and info.value.field == field
+    assert str(path) in str(info.value) and f"field {field!r}" in str(info.value)
+
+
+def test_the_shipped_config_loads_both_ways():
+    full, quick = load_config(), load_config(quick=True)
+    assert full.engine.model == "small" and quick.engine.model == "tiny"
+    assert quick.engine.block_size == full.engine.block_size  # fields quick does not set are kept
+
+
+def test_atomic_write_keeps_the_old_file_when_the_replace_fails(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    write_atomic(path, "old")
+    assert path.stat().st_mode & 0o777 == 0o644
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("pagedbench.bench.calibrate_report.os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
+    monkeypatch.undo()
+    write_atomic(path, "new")
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
+
+
+def test_step_batch_counts_a_chunks_cached_context_without_the_chunk():
+    shape = StepShape(((5, 5), (3, 8)), (6, 9))  # a whole prompt; a second chunk after 5 cached tokens
+    assert step_batch(shape) == StepBatch.of(decode_context_lens=(6, 9), prefill_chunks=((5, 0), (3, 5)))
