@@ -226,7 +226,7 @@ def find_capacity(base: Point, low_load: float, thresholds: tuple[float, ...], s
     limits = [t * low_load for t in thresholds]
     rate = 4 * base.rate  # base.rate: the low-load rate
     while lat(rate) <= max(limits) and rate < 1e6:
-        rate *= 2
+        rate *= 4  # coarse: the bisection below refines inside the bracket
     capacities, unsaturated = {}, []
     for t, limit in zip(thresholds, limits):
         below = [r for r in evaluated if evaluated[r]["normalized_latency_s"] <= limit]
