@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: gpu-check install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full lint format clean
+.PHONY: gpu-check install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 install: $(STAMP)
 
@@ -36,13 +36,13 @@ endif
 ## engine) and the mutation check. The fuller grids are behind the `slow` marker (`make test-full`).
 # Tiny shapes: one torch thread per process avoids oversubscribing small machines.
 test: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu and not micro" $(PYTEST_FLAGS)
 
 test-full: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not gpu" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not gpu and not micro" $(PYTEST_FLAGS)
 
 test-gpu: install
-	$(PY) -m pytest -q $(PYTEST_FLAGS)
+	$(PY) -m pytest -q -m "not micro" $(PYTEST_FLAGS)
 
 ## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
 conformance: install
@@ -73,6 +73,16 @@ bench: install
 
 bench-full: install
 	$(PY) -m pagedbench.bench --full
+
+## Micro-benchmarks of the host-side hot paths (block manager, scheduler, metadata build, sampler).
+bench-micro: install
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -p no:cacheprovider -m micro bench/micro $(PYTEST_FLAGS)
+
+## This tree against BASE (a commit), A/B rounds interleaved in one run; exits 1 on a regression beyond noise.
+BASE ?= HEAD
+ROUNDS ?= 5
+bench-compare: install
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) bench/compare.py --base $(BASE) --rounds $(ROUNDS)
 
 lint: install
 	$(PY) -m ruff check .

@@ -27,6 +27,7 @@ import yaml
 from pagedbench import kernels
 from pagedbench.bench import records
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
+from pagedbench.bench.progress import progress_enabled
 from pagedbench.kernels import device, reference
 from tabulate import tabulate
 
@@ -162,7 +163,8 @@ def run_gpu(cfg: dict) -> dict[str, object]:
     from tqdm import tqdm
 
     copy_gbps = copy_bandwidth_gbps(cfg["copy_bytes"], cfg["warmup_ms"], cfg["rep_ms"])
-    records = [time_case(w, cfg, copy_gbps) for w in tqdm(workloads(cfg), desc="kernel_study")]
+    bar = tqdm(workloads(cfg), desc="kernel_study", disable=not progress_enabled())
+    records = [time_case(w, cfg, copy_gbps) for w in bar]
     reasons = [f"incorrect: {r['workload']}" for r in records if r["status"] != "ok"]
     return {"status": "ok", "copy_bandwidth_gbps": copy_gbps, "records": records,
             "validity": {"valid": not reasons, "reasons": reasons}}

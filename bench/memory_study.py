@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from pagedbench.bench import environment as env_mod
 from pagedbench.bench import records, workloads
+from pagedbench.bench.progress import progress_enabled
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
 
@@ -122,8 +123,11 @@ def run_record(w: WorkloadSpec, spec: AllocatorSpec, step_s: float, r: SimResult
     }
 
 
-def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
-    """Every simulation of the study; returns the JSON document (without the environment)."""
+def run_study(cfg: StudyConfig, *, progress: bool | None = None) -> dict:
+    """Every simulation of the study; returns the JSON document (without the environment).
+    ``progress``: draw a bar (None: on a terminal, see :mod:`bench.progress`)."""
+    if progress is None:
+        progress = progress_enabled()
     jobs = []
     steps = [cfg.step_s] + [s for s in cfg.step_sweep_s if s != cfg.step_s]
     for w in cfg.workloads:

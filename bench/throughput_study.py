@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import yaml
 from pagedbench.bench.environment import RESULTS_DIR, environment
+from pagedbench.bench.progress import progress_enabled
 from pagedbench.bench.throughput_report import write_markdown, write_plot
 from pagedbench.bench.workloads import synthetic
 from pagedbench.kernels import device
@@ -103,7 +104,7 @@ def _serve(loaded, cfg: dict, trace: Trace, run: Run) -> tuple[float, LLM, list]
     params = _params(trace, run, cfg["seed"])
     prompts = [list(p) for p in trace.prompts]
     start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=True)
+    outs = llm.generate(prompts, params, use_tqdm=progress_enabled())
     wall_s = time.perf_counter() - start
     errors = [o.error for o in outs if o.error is not None]
     if errors:
@@ -212,7 +213,7 @@ def main(argv: list[str]) -> None:
     warm = LLM(loaded, block_size=16, num_blocks=64)
     warm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4))  # warm-up, outside every timed run
     records = []
-    for w in tqdm(cfg["workloads"], desc="workloads", unit="workload"):
+    for w in tqdm(cfg["workloads"], desc="workloads", unit="workload", disable=not progress_enabled()):
         records += study_workload(loaded, cfg, w, [Run("paged", False), Run("contiguous", False)])
     records += study_workload(loaded, cfg, cfg["prefix_sharing"], [Run("paged", True), Run("paged", False)])
     records += study_workload(loaded, cfg, cfg["parallel_sampling"],

@@ -30,6 +30,7 @@ import torch
 from pagedbench.refengine.engine.core import EngineCore, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
+from pagedbench.refengine.engine.progress import GenerateProgress, wants_bar
 from pagedbench.refengine.engine.request import Request
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
@@ -127,12 +128,15 @@ class LLM:
         return self._recorder.snapshot(self.block_manager, self.scheduler)
 
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 strict: bool = False, use_tqdm: bool = False) -> list[RequestOutput]:
+                 strict: bool = False, use_tqdm: bool | None = None) -> list[RequestOutput]:
         """Serve ``prompts`` (a list of token-id lists, or of strings when the model has a tokenizer).
 
         ``sampling_params``: one for every prompt, or a list with one per prompt (None = defaults).
         Returns one RequestOutput per prompt, in order; see the module docstring for bad requests.
+        ``use_tqdm``: a progress bar on stderr (finished requests, output tokens/s); None shows it for
+        more than 8 requests, False never.
         """
+        start = self.core.clock.now()
         prompts, params = self._normalise(prompts, sampling_params)
         requests = [self._make_request(p, sp) for p, sp in zip(prompts, params)]
         bad = [(i, r) for i, r in enumerate(requests) if r.error is not None]
@@ -145,26 +149,32 @@ class LLM:
                 self._recorder.prompt_tokens(len(r.prompt_token_ids))
                 self.core.add(r)
         bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=sum(len(r.children) for r in requests), desc="generate", unit="seq")
+        if wants_bar(use_tqdm, len(requests)):
+            bar = GenerateProgress(requests, lambda: self._recorder.generated)
         try:
             while self.scheduler.has_unfinished():
-                finished = self.step()
+                finished = self._step()
                 if bar is not None:
-                    bar.update(len(finished))
+                    bar.update(finished)
         except BaseException:
             self.core.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
             raise
         finally:
             if bar is not None:
                 bar.close()
+            self._recorder.elapsed(self.core.clock.now() - start)
         self._check_no_leak()
         return [r.output(self.tokenizer) for r in requests]
 
     def step(self) -> list[Sequence]:
         """Run one engine step; returns the sequences that finished in it."""
+        start = self.core.clock.now()
+        try:
+            return self._step()
+        finally:
+            self._recorder.elapsed(self.core.clock.now() - start)
+
+    def _step(self) -> list[Sequence]:
         report = self.core.step()
         self._recorder.step(report.output, len(report.sampled), self.scheduler, self.block_manager)
         if self.check_invariants:

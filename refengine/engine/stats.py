@@ -33,12 +33,24 @@ class LLMStats:
     # trace's tail, limits the batch there): the steady state of a loaded server
     mean_running_seqs_queued: float
     mean_kv_utilisation_queued: float
+    # wall seconds spent in generate and step calls since construction (the idle time between calls not)
+    elapsed_s: float = 0.0
 
     @property
     def sharing_saving(self) -> float:
         """Share of block-table entries served by a block another table also holds (prefix caching,
         parallel sampling): ``1 - mean_used_blocks / mean_table_blocks``; 0 without sharing."""
         return 1.0 - self.mean_used_blocks / self.mean_table_blocks if self.mean_table_blocks else 0.0
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        """Prompt tokens of the served requests per elapsed second (0 before any generate)."""
+        return self.num_prompt_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        """Sampled tokens per elapsed second (0 before any generate)."""
+        return self.num_generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -55,7 +67,7 @@ def _live_tokens(metrics) -> int:
 class StatsRecorder:
     """Accumulates the per-step figures :class:`LLMStats` reports."""
 
-    __slots__ = ("computed", "generated", "kv_util_sum", "peak_used", "prompt", "queued_running_sum",
+    __slots__ = ("computed", "elapsed_s", "generated", "kv_util_sum", "peak_used", "prompt", "queued_running_sum",
                  "queued_steps", "queued_util_sum", "rejected", "running_sum", "served", "steps", "table_sum",
                  "used_sum")
 
@@ -66,6 +78,10 @@ class StatsRecorder:
         self.running_sum = self.used_sum = self.table_sum = 0
         self.queued_steps = self.queued_running_sum = 0
         self.queued_util_sum = 0.0
+        self.elapsed_s = 0.0
+
+    def elapsed(self, seconds: float) -> None:
+        self.elapsed_s += seconds
 
     def requests(self, served: int, rejected: int) -> None:
         self.served += served
@@ -111,4 +127,5 @@ class StatsRecorder:
             peak_running_seqs=scheduler.peak_running, mean_running_seqs=self.running_sum / steps,
             mean_running_seqs_queued=self.queued_running_sum / max(self.queued_steps, 1),
             mean_kv_utilisation_queued=self.queued_util_sum / max(self.queued_steps, 1),
+            elapsed_s=self.elapsed_s,
         )

@@ -1,0 +1,148 @@
+"""``python -m pagedbench.refengine generate``: serve a few prompts and print the completions and stats.
+
+``--model`` is a local Hugging Face folder, a YAML model config, or the name of a config in the bench's
+``configs/models.yaml`` (``tiny``, ``small``...: seeded random weights, nothing to download). A model
+without a tokenizer takes token ids (``--prompt-ids 1,2,3``); ``--chat`` wraps each text prompt in the
+folder's chat template (``tokenizer_config.json``) as one user turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+from pagedbench.refengine.engine.llm import LLM
+from pagedbench.refengine.engine.outputs import RequestOutput
+from pagedbench.refengine.engine.sampling_params import SamplingParams
+from pagedbench.refengine.engine.stats import LLMStats
+from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.config import ModelConfig
+
+
+class CLIError(Exception):
+    """A mistake on the command line: printed as ``error: ...`` with exit status 2, no traceback."""
+
+
+def named_configs_path() -> Path | None:
+    """The bench's table of named random models (a data file; no bench code is imported)."""
+    try:
+        path = resources.files("pagedbench.bench").joinpath("configs/models.yaml")
+    except ModuleNotFoundError:
+        return None
+    return Path(str(path)) if path.is_file() else None
+
+
+def resolve_model(spec: str) -> str | ModelConfig:
+    """``spec`` as ``load_model`` takes it: an existing path as is, a known name as its ModelConfig."""
+    if Path(spec).expanduser().exists():
+        return spec
+    table = named_configs_path()
+    names: list[str] = []
+    if table is not None:
+        import yaml
+
+        names = sorted(yaml.safe_load(table.read_text()))
+        if spec in names:
+            return ModelConfig.from_yaml(table, name=spec)
+    known = f"; named configs: {', '.join(names)}" if names else ""
+    raise CLIError(f"--model {spec!r}: no such model folder or .yaml config, and not a named config{known}")
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3; got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.refengine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="serve prompts and print the completions")
+    gen.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
+    gen.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
+    gen.add_argument("--prompt-ids", action="append", default=[], type=parse_ids, metavar="IDS",
+                     help="a prompt of comma-separated token ids (repeatable)")
+    gen.add_argument("--max-tokens", type=int, default=16)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0, help="random weights and sampling")
+    gen.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the model's)")
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template to text prompts")
+    return parser
+
+
+def chat_prompt(folder: str, tokenizer, text: str) -> dict:
+    """One user turn rendered with the folder's chat template, as token ids (the template adds BOS)."""
+    config_path = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    template = config.get("chat_template")
+    if not isinstance(template, str):
+        raise CLIError(f"--chat: {config_path} has no chat_template")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise CLIError(f"--chat: the chat template refused the prompt: {message}")
+
+    def token(key: str) -> str:
+        value = config.get(key) or ""
+        return value.get("content", "") if isinstance(value, dict) else value
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    rendered = env.from_string(template).render(
+        messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+        bos_token=token("bos_token"), eos_token=token("eos_token"))
+    return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False).ids}
+
+
+def format_output(i: int, out: RequestOutput) -> str:
+    prompt = repr(out.prompt) if out.prompt is not None else f"ids {out.prompt_token_ids}"
+    if out.error is not None:
+        return f"[{i}] {prompt}\n    error: {out.error}"
+    lines = [f"[{i}] {prompt}"]
+    for c in out.outputs:
+        body = repr(c.text) if c.text is not None else f"ids {list(c.token_ids)}"
+        lines.append(f"    -> {body} ({c.finish_reason})")
+    return "\n".join(lines)
+
+
+def format_stats(s: LLMStats) -> str:
+    return (f"stats: {s.num_requests} requests, {s.num_prompt_tokens} prompt tokens, {s.num_generated_tokens} "
+            f"generated tokens in {s.elapsed_s:.3f} s ({s.num_steps} steps): input {s.input_tokens_per_s:.1f} "
+            f"tok/s, output {s.output_tokens_per_s:.1f} tok/s")
+
+
+def generate(args: argparse.Namespace) -> int:
+    if not args.prompt and not args.prompt_ids:
+        raise CLIError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
+    source = resolve_model(args.model)
+    llm = LLM(source, dtype=args.dtype, seed=args.seed)
+    if args.prompt and llm.tokenizer is None:
+        raise CLIError(f"--model {args.model!r} has no tokenizer: pass token ids with --prompt-ids")
+    if args.chat and not isinstance(source, str):
+        raise CLIError("--chat needs a model folder with a chat template")
+    texts = [chat_prompt(source, llm.tokenizer, p) if args.chat else p for p in args.prompt]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    outs = llm.generate([*texts, *args.prompt_ids], params, use_tqdm=False)
+    for i, out in enumerate(outs):
+        print(format_output(i, out))
+    print(format_stats(llm.stats))
+    return 1 if any(o.error is not None for o in outs) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return generate(args)
+    except (CLIError, FileNotFoundError, InvalidArgumentError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
