@@ -12,7 +12,8 @@ import importlib
 import sys
 import time
 
-STUDIES = ("memory_study", "serving_study", "sim_speed", "calibrate", "host_cost", "kernel_study", "throughput_study")
+STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "host_cost",
+           "kernel_study", "throughput_study")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check"}
 
 

@@ -14,7 +14,6 @@ writes ``vidur_fit.json`` and ``vidur_fit.md`` (results/ by default); no network
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,8 +128,10 @@ def markdown(record: dict) -> str:
 def write_record(record: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "vidur_fit.json", out_dir / "vidur_fit.md"]
-    paths[0].write_text(json.dumps(record, indent=1) + "\n")
-    paths[1].write_text(markdown(record))
+    from pagedbench.bench import records
+
+    records.write_json(paths[0], record)
+    records.write_text(paths[1], markdown(record))
     return paths
 
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.costmodel.vidur_fit", description=__doc__)
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR / "costmodel"), help="output folder")
+    parser.add_argument("--full", action="store_true", help="(the same fit: it has no larger sweep)")
     args = parser.parse_args(argv)
     record = {"environment": env_mod.environment(), **fit_vidur()}
     for path in write_record(record, Path(args.out)):
