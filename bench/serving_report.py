@@ -165,6 +165,11 @@ def plot(doc: dict, out: Path) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"{setting}\n{dataset}", fontsize=9)
+        paper = [f"{alloc.removeprefix('Orca ')}: {ratio}" for (ds, alloc), ratio in PAPER_RATIOS.items()
+                 if ds == dataset and ratio[0].isdigit()]
+        if paper:  # the paper's Fig. 12 ratios (paged / Orca), to read the curves against
+            ax.text(0.02, 0.98, "paper, paged / Orca\n" + "\n".join(paper), transform=ax.transAxes,
+                    fontsize=6, va="top", color="grey")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
         ax.legend(fontsize=7)

@@ -102,14 +102,24 @@ def load_jsonl(path: str | Path, *, rate: float | None = None, seed: int = 0) ->
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            obj = json.loads(line)
             try:
-                p, o = int(obj["prompt_len"]), int(obj["output_len"])
-            except KeyError as e:
-                raise ValueError(f"{path}:{lineno}: missing field {e.args[0]!r}") from None
-            if p < 1 or o < 1:
-                raise ValueError(f"{path}:{lineno}: lengths must be >= 1, got prompt {p}, output {o}")
-            rows.append((p, o, obj.get("arrival_s")))
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            fields = {}
+            for name in ("prompt_len", "output_len"):
+                if name not in obj:
+                    raise ValueError(f"{path}:{lineno}: missing field {name!r}")
+                v = obj[name]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{path}:{lineno}: field {name!r} must be an int >= 1, got {v!r}")
+                fields[name] = v
+            a = obj.get("arrival_s")
+            if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not a >= 0):
+                raise ValueError(f"{path}:{lineno}: field 'arrival_s' must be a number >= 0, got {a!r}")
+            rows.append((fields["prompt_len"], fields["output_len"], a))
     if not rows:
         raise ValueError(f"{path}: empty trace")
     rng = np.random.default_rng(seed)

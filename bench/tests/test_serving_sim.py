@@ -180,3 +180,19 @@ def test_sim_speed_replays_the_block_managers_calls(tmp_path):
     r = sim_speed.measure(40, 4.0, kv_slots=4096)
     assert r["generated_tokens"] > 0 and r["block_manager_calls"] >= r["generated_tokens"] - 40
     assert r["simulation_wall_s"] > 0 and r["block_manager_wall_s"] > 0 and r["ratio"] > 0
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"prompt_len": 3}', "sample.jsonl:2: missing field 'output_len'"),
+    ('{"prompt_len": -3, "output_len": 2}', "sample.jsonl:2: field 'prompt_len' must be an int >= 1, got -3"),
+    ('{"prompt_len": 3, "output_len": 2, "arrival_s": -1}', "sample.jsonl:2: field 'arrival_s' must be a number"),
+    ('{"prompt_len": 3, "output_len": 2.5}', "sample.jsonl:2: field 'output_len' must be an int >= 1"),
+    ("not json", "sample.jsonl:2: not a JSON object"),
+])
+def test_trace_errors_name_file_line_and_field(tmp_path, line, message):
+    from pagedbench.bench.workloads import load_jsonl
+
+    path = tmp_path / "sample.jsonl"
+    path.write_text('{"prompt_len": 3, "output_len": 2, "arrival_s": 0.5}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_jsonl(path)
