@@ -47,6 +47,7 @@ class PaddedGroup:
     padded_rows: torch.Tensor  # int64 [Tg]: the same tokens' rows in the padded [S * max_query_len]
     key_blocks: torch.Tensor  # int64 [S, L]: physical block of key j (0 for padding: read, then zeroed)
     key_offsets: torch.Tensor  # int64 [S, L]: offset in that block
+    key_slots: torch.Tensor  # int64 [S * L]: block * block_size + offset, flattened (for index_select)
     key_padding: torch.Tensor | None  # bool [S, L, 1, 1]: True where key j >= seq_len; None if none
     mask: torch.Tensor  # bool [S, 1, max_query_len, L]: query i may attend key j
     has_empty_rows: bool  # some owned query has no key at all (seq_len 0): its output is set to 0
@@ -119,6 +120,7 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
         padded_rows=as_tensor(seq_of_token * max_q + i_of_token, torch.int64),
         key_blocks=as_tensor(blocks, torch.int64),
         key_offsets=as_tensor(offsets, torch.int64),
+        key_slots=as_tensor((blocks * block_size + offsets).reshape(-1), torch.int64),
         key_padding=as_tensor(padding[:, :, None, None], torch.bool) if padding.any() else None,
         mask=as_tensor(allowed[:, None], torch.bool),
         has_empty_rows=bool((owned & ~has_key).any()),
@@ -130,9 +132,20 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _slot_view(cache: torch.Tensor) -> torch.Tensor | None:
+    """The cache as ``[num_blocks * block_size, Hkv, D]`` (a view), or None if its layout has no such view."""
+    if cache.stride(0) != cache.shape[1] * cache.stride(1):
+        return None
+    return cache.flatten(0, 1)  # a view: blocks and offsets merge into one stride
+
+
 def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype) -> torch.Tensor:
     """[S, L, Hkv, D] in ``dtype``, padding keys zeroed (their slot may hold anything, NaN included)."""
-    x = cache[g.key_blocks, g.key_offsets].to(dtype)
+    slots = _slot_view(cache)
+    if slots is not None:  # index_select over slots: ~5x faster than indexing by (block, offset) on a CPU
+        x = slots.index_select(0, g.key_slots).view(g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
+    else:
+        x = cache[g.key_blocks, g.key_offsets].to(dtype)
     if g.key_padding is not None:
         x = x.masked_fill_(g.key_padding, 0.0)
     return x
@@ -171,7 +184,8 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         lse = lse.view(s, num_kv_heads, group_size, mq).permute(0, 3, 1, 2).reshape(
             s * mq, num_heads)[g.padded_rows]
     if g.has_empty_rows and lse is None:
-        # rows with no key: SDPA's softmax over nothing is undefined; the convention is 0
+        # rows with no key: the convention is 0. torch 2.13's CPU SDPA already returns 0 there, but
+        # older releases return NaN: keep the guard
         owned_mask = g.mask.view(s, mq, ln).any(-1).view(-1)[g.padded_rows]
         o = torch.where(owned_mask[:, None, None], o, 0.0)
     return o, lse
