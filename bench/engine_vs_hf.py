@@ -124,7 +124,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--full", action="store_true", help="longer outputs (256 tokens; `python -m bench --full`)")
     args = p.parse_args(argv)
+    if args.full:
+        args.output_len = 256
     torch.set_num_threads(args.threads)
     loaded, hf = _load(args.model, args.dtype, args.backend)
     rng = np.random.default_rng(args.seed)
