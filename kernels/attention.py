@@ -180,13 +180,14 @@ def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None):
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                  sliding_window=None, out=None, return_lse=False, validate=None):
+                  sliding_window=None, out=None, return_lse=False, validate=None, max_query_len=None):
     """Causal attention of each sequence's last ``q_len`` tokens over its paged K/V (already written).
 
     q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]`` (sequence s owns
     rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]``); other arguments as :func:`paged_decode`. Returns out
     like q and, with ``return_lse``, lse float32 ``[total_q_tokens, num_heads]``. Reads cu_seqlens_q
-    back to size the grid. Rows owned by no sequence are left untouched.
+    back to size the grid unless the caller gives ``max_query_len`` (the longest query, known on the
+    host: no device sync). Rows owned by no sequence are left untouched.
     """
     shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
                                 sliding_window=sliding_window, out=out, validate=validate)
@@ -195,7 +196,10 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0
+    if max_query_len is not None:
+        max_q_len = int(max_query_len)
+    else:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0
     if max_q_len > 0:
         interpret = device.backend().triton_interpret
         tiles = prefill_tiles(shape.group_size, shape.head_dim, max_q_len, interpret)

@@ -63,8 +63,8 @@ class LLM:
     run as independent sequences). ``max_model_len`` defaults to the model's maximum.
 
     ``dtype`` (a torch dtype or its name; None = the checkpoint's) and ``attention_backend``
-    ("torch", "triton", or None: triton on a GPU, torch on the CPU) are the loader's; with a
-    LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
+    ("torch", "torch-batched", "triton", or None: triton on a GPU, torch-batched on the CPU) are the
+    loader's; with a LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
     random weights of a config-built model and the sampling of requests given ``seed=None``.
     ``check_invariants=True`` runs the block manager's invariant check after every step (tests).
     """

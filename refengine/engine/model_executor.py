@@ -1,6 +1,10 @@
 """The executor that runs the real model: copy-on-write copies, attention metadata, forward, sampling.
 
 It never decides who runs: it executes the :class:`SchedulerOutput` it is given and returns the tokens.
+Per step, on the host: the persistent block-table rows are brought up to date and the step's inputs
+computed with vector operations (:mod:`step_inputs`), the :class:`AttentionMetadata` is built and
+checked once (the launchers then skip their own checks), and nothing is read back from the device
+until the sampled tokens.
 """
 
 from __future__ import annotations
@@ -8,12 +12,16 @@ from __future__ import annotations
 import torch
 from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
+from pagedbench.refengine.engine.step_inputs import HostBlockTables
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
-from pagedbench.refengine.model.sampling import child_generator, sample_token
+from pagedbench.refengine.model.sampling import child_generator, sample_batch
 
 
 class ModelExecutor:
-    """``model`` over the paged KV ``pool``, whose block tables ``block_manager`` keeps."""
+    """``model`` over the paged KV ``pool``, whose block tables ``block_manager`` keeps.
+
+    ``check_block_tables`` (tests): compare every persistent row a step uses with the block manager.
+    """
 
     def __init__(self, model, pool, block_manager, block_size: int) -> None:
         self.model = model
@@ -21,6 +29,8 @@ class ModelExecutor:
         self.block_manager = block_manager
         self.block_size = block_size
         self.kv_caches = pool.kv_caches()
+        self.tables = HostBlockTables(block_manager, block_size)
+        self.check_block_tables = False
 
     @staticmethod
     def make_generator(base_seed: int, child_index: int) -> torch.Generator:
@@ -33,40 +43,25 @@ class ModelExecutor:
 
     def _run(self, out: SchedulerOutput) -> dict[int, int]:
         """Run the model on the step's tokens and sample; returns seq_id -> new token."""
-        bm, bs = self.block_manager, self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        tables, seq_lens, query_lens = [], [], []
-        for chunk in out.chunks:
-            seq, table = chunk.seq, bm.block_table(chunk.seq.seq_id)
-            input_ids.extend(seq.token_ids[chunk.start:chunk.end])
-            positions.extend(range(chunk.start, chunk.end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.start, chunk.end))
-            tables.append(table)
-            seq_lens.append(chunk.end)
-            query_lens.append(chunk.num_tokens)
+        step = self.tables.step_inputs(out)
+        if self.check_block_tables:
+            self.tables.check(out)
         device = self.model.device
-        meta = AttentionMetadata.build(slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-                                       query_lens=query_lens, device=device)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=device)
+        meta = AttentionMetadata.from_host(
+            block_tables=step.block_tables, seq_lens=step.seq_lens, query_lens=step.query_lens,
+            slot_mapping=step.slot_mapping, device=device, block_size=self.block_size,
+            num_blocks=self.pool.num_blocks)
+        ids = torch.from_numpy(step.input_ids).to(device)
+        pos = torch.from_numpy(step.positions).to(device)
         hidden = self.model.forward(ids, pos, meta, self.kv_caches)
         rows = [i for i, c in enumerate(out.chunks) if c.samples]
         if not rows:
             return {}
         last = meta.last_token_indices()[torch.tensor(rows, device=device)]
         logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
-        greedy = logits.argmax(dim=-1).tolist()  # one batched argmax serves every greedy sequence
-        cpu_logits = None
-        sampled: dict[int, int] = {}
-        for row, i in enumerate(rows):
-            seq = out.chunks[i].seq
-            for s in (seq, *seq.pending_children):
-                if s.params.greedy:
-                    sampled[s.seq_id] = greedy[row]
-                    continue
-                if cpu_logits is None:
-                    cpu_logits = logits.cpu()
-                sampled[s.seq_id] = sample_token(cpu_logits[row], s.params, s.generator)
-        return sampled
+        # one entry per sampling sequence (a just-prefilled parent's children sample from its row)
+        seqs = [(row, s) for row, i in enumerate(rows)
+                for s in (out.chunks[i].seq, *out.chunks[i].seq.pending_children)]
+        row_index = torch.tensor([row for row, _ in seqs], device=device)
+        tokens = sample_batch(logits[row_index], [s.params for _, s in seqs], [s.generator for _, s in seqs])
+        return {s.seq_id: t for (_, s), t in zip(seqs, tokens)}

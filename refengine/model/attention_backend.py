@@ -11,18 +11,22 @@ and values this step writes into the paged cache (``slot_mapping``) before atten
 tables. :class:`AttentionMetadata` is built once per step and passed to every layer (never a global).
 
 Backends (chosen by :func:`get_attention_backend`): ``"triton"`` runs ``kernels``' public launchers,
-``"torch"`` runs ``kernels.reference`` (the practical CPU path). Both do ``write_kv`` then
-``paged_decode`` (every query length 1) or ``paged_prefill``.
+``"torch"`` runs ``kernels.reference`` (a loop over sequences: the simple oracle), both doing
+``write_kv`` then ``paged_decode`` (every query length 1) or ``paged_prefill``; ``"torch-batched"``
+(the default on the CPU) gathers the step's K/V once per layer and calls one masked
+``scaled_dot_product_attention`` (``batched_attention``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.batched_attention import PaddedLayout, attend, build_padded_layout, store_kv
 
 #: block-table entries past a sequence's last block (never read by the kernels)
 PAD_BLOCK_ID = 0
@@ -32,7 +36,10 @@ PAD_BLOCK_ID = 0
 class AttentionMetadata:
     """Where one step's ``T`` tokens go in the paged cache and what each sequence attends to.
 
-    S sequences, T = sum(query_lens) tokens; tensors live on the model's device.
+    S sequences, T = sum(query_lens) tokens; tensors live on the model's device, the python fields and
+    ``host_block_tables`` on the host (so nothing about the step's shape is ever read back from a device).
+    ``validated``: every index was checked when this was built (block ids against ``num_blocks``, lengths
+    against the table's capacity), so the launchers run without validating again.
     """
 
     slot_mapping: torch.Tensor  # int64 [T]: cache slot (block_id * block_size + offset) of each new token
@@ -42,6 +49,11 @@ class AttentionMetadata:
     query_lens: tuple[int, ...]  # new tokens of each sequence this step (python ints)
     max_query_len: int
     is_decode_only: bool  # every query length is 1 (T == S): the decode kernel serves the step
+    host_seq_lens: tuple[int, ...] = ()  # seq_lens as python ints
+    host_block_tables: np.ndarray | None = None  # int32 [S, max_blocks]: block_tables on the host
+    max_seq_len: int = 0  # max(seq_lens)
+    validated: bool = False  # indices checked at build: launchers need not validate (see above)
+    padded: PaddedLayout | None = None  # the batched torch backend's gather layout (its plan)
 
     @property
     def num_seqs(self) -> int:
@@ -50,6 +62,11 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(sum(self.query_lens))
+
+    @property
+    def launcher_validate(self) -> bool | None:
+        """``validate=`` for the launchers: False once checked here; None (their default) otherwise."""
+        return False if self.validated else None
 
     def last_token_indices(self) -> torch.Tensor:
         """int64 [S]: the row in ``T`` of each sequence's last query token (its next-token logits)."""
@@ -64,13 +81,15 @@ class AttentionMetadata:
         seq_lens: Sequence[int],
         query_lens: Sequence[int],
         device: torch.device | str | None = None,
+        block_size: int | None = None,
+        num_blocks: int | None = None,
     ) -> AttentionMetadata:
         """Metadata from python lists (one entry per sequence; ``slot_mapping`` one per token).
 
-        Raises :class:`InvalidArgumentError` naming the mismatch when the lists disagree.
+        Raises :class:`InvalidArgumentError` naming the mismatch when the lists disagree. With
+        ``block_size`` and ``num_blocks`` every index is checked too (see :meth:`from_host`).
         """
-        query_lens = tuple(int(n) for n in query_lens)
-        seq_lens = [int(n) for n in seq_lens]
+        query_lens = [int(n) for n in query_lens]
         num_seqs = len(query_lens)
         if num_seqs == 0:
             raise InvalidArgumentError("AttentionMetadata.build needs at least one sequence; got 0")
@@ -79,35 +98,106 @@ class AttentionMetadata:
                 f"one entry per sequence expected: query_lens has {num_seqs}, seq_lens {len(seq_lens)}, "
                 f"block_tables {len(block_tables)}"
             )
-        for s, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
-            if not 1 <= q_len <= s_len:
-                raise InvalidArgumentError(
-                    f"sequence {s}: need 1 <= query_len <= seq_len; got query_len={q_len}, seq_len={s_len}"
-                )
-        if len(slot_mapping) != sum(query_lens):
-            raise InvalidArgumentError(
-                f"slot_mapping has {len(slot_mapping)} entries; expected sum(query_lens) = {sum(query_lens)}"
-            )
         max_blocks = max(1, max(len(t) for t in block_tables))
-        rows = [list(row) + [PAD_BLOCK_ID] * (max_blocks - len(row)) for row in block_tables]
-        cu = [0]
-        for q_len in query_lens:
-            cu.append(cu[-1] + q_len)
+        table = np.full((num_seqs, max_blocks), PAD_BLOCK_ID, dtype=np.int32)
+        for s, row in enumerate(block_tables):
+            table[s, :len(row)] = row
+        return cls.from_host(block_tables=table, seq_lens=np.asarray(seq_lens, dtype=np.int64),
+                             query_lens=np.asarray(query_lens, dtype=np.int64),
+                             slot_mapping=np.asarray(slot_mapping, dtype=np.int64), device=device,
+                             block_size=block_size, num_blocks=num_blocks)
+
+    @classmethod
+    def from_host(
+        cls,
+        *,
+        block_tables: np.ndarray,
+        seq_lens: np.ndarray,
+        query_lens: np.ndarray,
+        slot_mapping: np.ndarray,
+        device: torch.device | str | None = None,
+        block_size: int | None = None,
+        num_blocks: int | None = None,
+    ) -> AttentionMetadata:
+        """Metadata from host arrays: block_tables int32 [S, max_blocks], seq_lens and query_lens int
+        [S], slot_mapping int64 [T]. Checked here, once per step, with vector operations: one length per
+        sequence, ``1 <= query_len <= seq_len``, T slots; with ``block_size``, ``seq_len`` within the
+        table's capacity; with ``num_blocks`` too, every block id a sequence uses and every slot in
+        range (then ``validated`` is True). Raises :class:`InvalidArgumentError` naming the culprit.
+        """
+        query_lens = np.asarray(query_lens, dtype=np.int64)
+        seq_lens = np.asarray(seq_lens, dtype=np.int64)
+        slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
+        check_step_arrays(block_tables, seq_lens, query_lens, slot_mapping, block_size, num_blocks)
+        cu = np.zeros(len(query_lens) + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=cu[1:])
+        tensor = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)  # noqa: E731
         return cls(
-            slot_mapping=torch.tensor(list(slot_mapping), dtype=torch.int64, device=device),
-            block_tables=torch.tensor(rows, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            query_lens=query_lens,
-            max_query_len=max(query_lens),
-            is_decode_only=all(q == 1 for q in query_lens),
+            slot_mapping=tensor(slot_mapping, torch.int64),
+            block_tables=tensor(block_tables, torch.int32),
+            seq_lens=tensor(seq_lens, torch.int32),
+            cu_seqlens_q=tensor(cu, torch.int32),
+            query_lens=tuple(query_lens.tolist()),
+            max_query_len=int(query_lens.max()),
+            is_decode_only=bool((query_lens == 1).all()),
+            host_seq_lens=tuple(seq_lens.tolist()),
+            host_block_tables=np.asarray(block_tables, dtype=np.int32),
+            max_seq_len=int(seq_lens.max()),
+            validated=block_size is not None and num_blocks is not None,
         )
 
 
+def check_step_arrays(block_tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray,
+                      slot_mapping: np.ndarray, block_size: int | None, num_blocks: int | None) -> None:
+    """The checks of :meth:`AttentionMetadata.from_host` (host arrays; see there)."""
+    num_seqs = len(query_lens)
+    if num_seqs == 0:
+        raise InvalidArgumentError("AttentionMetadata.build needs at least one sequence; got 0")
+    if block_tables.ndim != 2 or len(seq_lens) != num_seqs or block_tables.shape[0] != num_seqs:
+        raise InvalidArgumentError(
+            f"one entry per sequence expected: query_lens has {num_seqs}, seq_lens {len(seq_lens)}, "
+            f"block_tables {block_tables.shape[0] if block_tables.ndim else 0}"
+        )
+    bad = np.flatnonzero((query_lens < 1) | (query_lens > seq_lens))
+    if bad.size:
+        s = int(bad[0])
+        raise InvalidArgumentError(f"sequence {s}: need 1 <= query_len <= seq_len; got "
+                                   f"query_len={int(query_lens[s])}, seq_len={int(seq_lens[s])}")
+    if len(slot_mapping) != int(query_lens.sum()):
+        raise InvalidArgumentError(f"slot_mapping has {len(slot_mapping)} entries; expected sum(query_lens) "
+                                   f"= {int(query_lens.sum())}")
+    if block_size is None:
+        return
+    capacity = block_tables.shape[1] * block_size
+    bad = np.flatnonzero(seq_lens > capacity)
+    if bad.size:
+        s = int(bad[0])
+        raise InvalidArgumentError(f"sequence {s}: seq_len {int(seq_lens[s])} exceeds its block table's "
+                                   f"capacity {block_tables.shape[1]} blocks x {block_size}")
+    if num_blocks is None:
+        return
+    used = np.arange(block_tables.shape[1])[None, :] < -(-seq_lens[:, None] // block_size)
+    bad = np.argwhere(used & ((block_tables < 0) | (block_tables >= num_blocks)))
+    if bad.size:
+        s, j = (int(x) for x in bad[0])
+        raise InvalidArgumentError(f"block_tables[{s}, {j}] must be a block id in [0, {num_blocks}); "
+                                   f"got {int(block_tables[s, j])}")
+    bad = np.flatnonzero((slot_mapping < 0) | (slot_mapping >= num_blocks * block_size))
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidArgumentError(f"slot_mapping[{i}] must be a slot in [0, {num_blocks * block_size}); "
+                                   f"got {int(slot_mapping[i])}")
+
+
 class AttentionBackend(Protocol):
-    """What every layer calls: store the step's K/V, then attend through the block tables."""
+    """What every layer calls: store the step's K/V, then attend through the block tables.
+
+    ``plan`` runs once per step before the layers (FlashInfer's plan/run): it returns the metadata with
+    whatever per-step layout the backend needs attached (the same object when it needs none)."""
 
     name: str
+
+    def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata: ...
 
     def forward(
         self,
@@ -127,7 +217,8 @@ class AttentionBackend(Protocol):
 class _LauncherBackend:
     """A backend over a module with the ``kernels`` launcher contract.
 
-    Uses ``write_kv``, ``paged_decode`` and ``paged_prefill``.
+    Uses ``write_kv``, ``paged_decode`` and ``paged_prefill``; validation is off when the metadata was
+    checked at build (``meta.launcher_validate``).
     """
 
     name = "unnamed"
@@ -135,13 +226,21 @@ class _LauncherBackend:
     def _ops(self):
         raise NotImplementedError
 
+    def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
+        return meta
+
+    def _prefill_kwargs(self, meta: AttentionMetadata) -> dict:
+        return {}
+
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         ops = self._ops()
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_decode_only:
-            return ops.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale=scale)
+            return ops.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale=scale,
+                                    validate=meta.launcher_validate)
         return ops.paged_prefill(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, scale=scale
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, scale=scale,
+            validate=meta.launcher_validate, **self._prefill_kwargs(meta),
         )
 
     def __repr__(self) -> str:
@@ -161,9 +260,13 @@ class TritonBackend(_LauncherBackend):
             raise RuntimeError(f"the Triton launchers {missing} are not available in `kernels`")
         return kernels
 
+    def _prefill_kwargs(self, meta: AttentionMetadata) -> dict:
+        # the grid's size from the host, not read back from cu_seqlens_q (a device sync per layer)
+        return {"max_query_len": meta.max_query_len}
+
 
 class TorchBackend(_LauncherBackend):
-    """The pure-torch references (``kernels.reference``): the practical path on a CPU."""
+    """The pure-torch references (``kernels.reference``), a loop over sequences: the simple oracle."""
 
     name = "torch"
 
@@ -173,18 +276,51 @@ class TorchBackend(_LauncherBackend):
         return reference
 
 
-BACKENDS: dict[str, type[_LauncherBackend]] = {"triton": TritonBackend, "torch": TorchBackend}
+class BatchedTorchBackend:
+    """The step's attention in one masked ``scaled_dot_product_attention`` per group of sequences
+    (``refengine.model.batched_attention``): the default on the CPU.
+
+    ``plan`` builds the gather layout from the metadata's host arrays once per step; every layer reuses it.
+    """
+
+    name = "torch-batched"
+
+    def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
+        if meta.padded is not None:
+            return meta
+        if meta.host_block_tables is None:  # built by hand: read the tables back (a sync on a GPU)
+            tables = meta.block_tables.cpu().numpy()
+            seq_lens = meta.seq_lens.cpu().numpy()
+        else:
+            tables, seq_lens = meta.host_block_tables, np.asarray(meta.host_seq_lens)
+        layout = build_padded_layout(tables, seq_lens, np.asarray(meta.query_lens),
+                                                       block_size, device=meta.slot_mapping.device)
+        return replace(meta, padded=layout)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        block_size = k_cache.shape[1]
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, block_size)
+        layout = (meta if meta.padded is not None else self.plan(meta, block_size)).padded
+        return attend(q, k_cache, v_cache, layout, scale)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+BACKENDS: dict[str, type] = {"triton": TritonBackend, "torch": TorchBackend,
+                             "torch-batched": BatchedTorchBackend}
 
 
 def default_backend_name() -> str:
-    """``"triton"`` on a GPU, ``"torch"`` on the CPU (as decided by ``kernels.device.backend()``)."""
+    """``"triton"`` on a GPU, ``"torch-batched"`` on the CPU (as decided by ``kernels.device.backend()``)."""
     from pagedbench.kernels import device
 
-    return "triton" if device.backend().is_gpu else "torch"
+    return "triton" if device.backend().is_gpu else "torch-batched"
 
 
 def get_attention_backend(name: str | AttentionBackend | None = None) -> AttentionBackend:
-    """A backend by name (``"triton"``, ``"torch"``), an instance passed through, or None for the default."""
+    """A backend by name (``"triton"``, ``"torch"``, ``"torch-batched"``), an instance passed through, or
+    None for the default."""
     if name is None:
         name = default_backend_name()
     if not isinstance(name, str):

@@ -184,6 +184,9 @@ class LlamaModel(nn.Module):
         Returns the final-norm hidden states [T, hidden_size] in the model's dtype.
         """
         self._check_step(input_ids, positions, meta, kv_caches)
+        plan = getattr(self.attention_backend, "plan", None)  # a hand-made backend may have none
+        if plan is not None:
+            meta = plan(meta, kv_caches[0][0].shape[1])  # once per step, shared by every layer
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):

@@ -56,7 +56,8 @@ def load_model(
     file of one config, for a model with seeded random weights (``seed``; benchmarks and tests).
     ``dtype``: a torch dtype or its name; None = the checkpoint's ``torch_dtype`` (float32 if unset).
     ``device``: None = the backend's device (``kernels.device.backend().torch_device``).
-    ``attention_backend``: "triton", "torch", an instance, or None (triton on a GPU, torch on the CPU).
+    ``attention_backend``: "triton", "torch", "torch-batched", an instance, or None (triton on a GPU,
+    torch-batched on the CPU).
     """
     backend = get_attention_backend(attention_backend)
     device = torch.device(device) if device is not None else _default_device()

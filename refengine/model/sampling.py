@@ -1,4 +1,4 @@
-"""Sampling parameters and the per-sequence sampler.
+"""Sampling parameters and the sampler, batched over a step's rows.
 
 Every sequence is sampled from its own logits row with its own ``torch.Generator``, so the token a
 sequence draws never depends on which other sequences share its batch.
@@ -18,17 +18,23 @@ The sampler (temperature > 0), on one row of float32 logits ``[vocab_size]``:
    the first token of the sorted list whose cumulative mass exceeds ``u`` times the kept mass.
 
 ``temperature == 0`` is greedy (``argmax``, the first index on ties, as Hugging Face) and draws nothing.
+
+:func:`sample_batch` runs this on every row of a step at once (one argmax for the greedy rows; one
+top-k, softmax, sort and top-p for the sampled ones), each row still drawing from its own generator.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from pagedbench.refengine.engine.sampling_params import SamplingParams, derive_seed
 from pagedbench.refengine.errors import InvalidArgumentError
 
-__all__ = ["SamplingParams", "child_generator", "derive_seed", "sample_token"]
+__all__ = ["SamplingParams", "child_generator", "derive_seed", "kept_distribution", "sample_batch",
+           "sample_token"]
 
 
 def child_generator(base_seed: int, child_index: int) -> torch.Generator:
@@ -44,23 +50,77 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """
     if logits.dim() != 1:
         raise InvalidArgumentError(f"logits must be 1-D [vocab_size], got shape {tuple(logits.shape)}")
-    if params.greedy:
-        return int(torch.argmax(logits))
-    if generator is None:
+    return sample_batch(logits[None], [params], [generator])[0]
+
+
+def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
+                 generators: Sequence[torch.Generator | None]) -> list[int]:
+    """One token id per row of ``logits`` float ``[R, vocab_size]`` (any device), row ``r`` sampled with
+    ``params[r]`` and its own ``generators[r]`` (exactly one draw per sampled row, none for a greedy one).
+
+    The greedy rows share one ``argmax``; the sampled rows one pass of the module docstring's procedure
+    (:func:`kept_distribution`, then the draws), so a row's token depends only on its own logits,
+    parameters and generator, never on the other rows.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
+        raise InvalidArgumentError(
+            f"logits must be [R, vocab_size] with one params and one generator per row; got shape "
+            f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+    tokens = [0] * len(params)
+    greedy = [r for r, p in enumerate(params) if p.greedy]
+    if greedy:
+        picked = logits[torch.tensor(greedy, device=logits.device)].argmax(dim=-1).tolist()
+        for r, t in zip(greedy, picked):
+            tokens[r] = t
+    sampled = [r for r, p in enumerate(params) if not p.greedy]
+    if not sampled:
+        return tokens
+    if any(generators[r] is None for r in sampled):
         raise InvalidArgumentError("sampling with temperature > 0 needs the sequence's generator")
-    x = logits.detach().to("cpu", torch.float64) / params.temperature
-    if 0 < params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, -math.inf)
-    probs = torch.softmax(x, dim=0)
-    sorted_probs, order = torch.sort(probs, descending=True, stable=True)
-    cum = torch.cumsum(sorted_probs, dim=0)
-    if params.top_p < 1.0:
+    rows = logits[torch.tensor(sampled, device=logits.device)].detach().to("cpu", torch.float64)
+    kept = kept_distribution(rows, [params[r] for r in sampled])
+    u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64) for r in sampled])
+    idx = torch.searchsorted(kept.cum, (u * kept.cum[:, -1])[:, None], right=True)[:, 0]
+    # guard u * mass rounding up to the total: never step past the last kept token
+    idx = torch.minimum(idx, torch.count_nonzero(kept.sorted_probs, dim=-1) - 1)
+    for r, t in zip(sampled, kept.order.gather(1, idx[:, None])[:, 0].tolist()):
+        tokens[r] = t
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class KeptDistribution:
+    """What the sampler draws from, per row (R rows, V tokens, float64), tokens sorted by probability."""
+
+    order: torch.Tensor  # int64 [R, V]: token ids, most likely first (stable: lower id first on ties)
+    sorted_probs: torch.Tensor  # float64 [R, V]: their probabilities after top-k and softmax, 0 if cut
+    cum: torch.Tensor  # float64 [R, V]: cumulative sum of sorted_probs (its last entry: the kept mass)
+
+    def probabilities(self) -> torch.Tensor:
+        """float64 [R, V] in token order: the chance of drawing each token (kept mass normalised to 1)."""
+        probs = torch.zeros_like(self.sorted_probs)
+        probs.scatter_(1, self.order, self.sorted_probs / self.cum[:, -1:])
+        return probs
+
+
+def kept_distribution(logits: torch.Tensor, params: Sequence[SamplingParams]) -> KeptDistribution:
+    """Steps 1-3 of the module docstring's procedure on float64 rows ``[R, V]`` (temperature > 0)."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float64)
+    x = logits / temperature[:, None]
+    vocab = x.shape[1]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else 0 for p in params])
+    if bool((top_k > 0).any()):
+        # the k-th largest of each row: one topk of the largest k, then each row's own k
+        kth = torch.topk(x, int(top_k.max()), dim=-1).values.gather(1, (top_k.clamp(min=1) - 1)[:, None])
+        cut = (x < kth) & (top_k > 0)[:, None]
+        x = x.masked_fill(cut, -math.inf)
+    probs = torch.softmax(x, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    cum = torch.cumsum(sorted_probs, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64)
+    if bool((top_p < 1.0).any()):
         # keep token j while the mass before it is still short of top_p (token 0 always kept)
-        keep = (cum - sorted_probs) < params.top_p
+        keep = ((cum - sorted_probs) < top_p[:, None]) | (top_p >= 1.0)[:, None]
         sorted_probs = sorted_probs * keep
-        cum = torch.cumsum(sorted_probs, dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cum[-1]
-    idx = int(torch.searchsorted(cum, u, right=True))
-    idx = min(idx, int(torch.count_nonzero(sorted_probs)) - 1)  # guard u*mass rounding to the total
-    return int(order[idx])
+        cum = torch.cumsum(sorted_probs, dim=-1)
+    return KeptDistribution(order, sorted_probs, cum)

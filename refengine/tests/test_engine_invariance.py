@@ -27,9 +27,10 @@ MAX_TOKENS = 6
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(MODEL, attention_backend="torch", seed=1)
+@pytest.fixture(scope="module", params=["torch", "torch-batched"])
+def loaded(request):
+    """The per-sequence reference backend and the batched one (the CPU default): same tokens."""
+    return load_model(MODEL, attention_backend=request.param, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,9 @@ def make_llm(loaded, **kw) -> LLM:
     kw.setdefault("block_size", 16)
     kw.setdefault("num_blocks", 128)
     kw.setdefault("enable_prefix_caching", False)
-    return LLM(loaded, check_invariants=True, **kw)
+    llm = LLM(loaded, check_invariants=True, **kw)
+    llm.executor.check_block_tables = True  # every persistent block-table row a step reads, checked
+    return llm
 
 
 def serve(llm: LLM, prompts, params=GREEDY) -> list[list[list[int]]]:

@@ -337,10 +337,13 @@ def test_backend_selection():
     assert isinstance(get_attention_backend("torch"), TorchBackend)
     from pagedbench.kernels import device
 
-    assert get_attention_backend(None).name == ("triton" if device.backend().is_gpu else "torch")
+    # the CPU default is the batched backend; "torch" stays the per-sequence reference
+    assert get_attention_backend(None).name == ("triton" if device.backend().is_gpu else "torch-batched")
+    assert get_attention_backend("torch-batched").name == "torch-batched"
     backend = TorchBackend()
     assert get_attention_backend(backend) is backend
-    with pytest.raises(InvalidArgumentError, match="unknown attention backend 'cuda'; known: torch, triton"):
+    with pytest.raises(InvalidArgumentError,
+                       match="unknown attention backend 'cuda'; known: torch, torch-batched, triton"):
         get_attention_backend("cuda")
 
 
