@@ -104,6 +104,25 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
 
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """How one decode call is launched: its tiles and its split count."""
+
+    tiles: DecodeTiles
+    num_splits: int  # programs per (sequence, kv head); 1..number of key tiles
+
+
+def plan_decode(num_seqs: int, num_kv_heads: int, group_size: int, head_dim: int, max_context: int,
+                num_splits: int | None, *, interpret: bool, num_sms: int) -> DecodePlan:
+    """Tiles, and the split count: the caller's ``num_splits`` if given, else :func:`choose_num_splits`;
+    either is clamped to the key tiles of the longest possible context (``max_context`` keys), since a
+    split past them has no key to visit and costs a partial buffer row and a reduction step."""
+    tiles = decode_tiles(group_size, head_dim, max_context, interpret)
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
+    return DecodePlan(tiles, max(1, min(num_splits, triton.cdiv(max_context, tiles.block_n))))
+
+
 def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, sliding_window, num_splits,
             out, max_context):
     """Shared launch of paged and contiguous decode; returns (out, lse)."""
@@ -112,14 +131,15 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, parallelism())
+    plan = plan_decode(num_seqs, num_kv_heads, group, head_dim, max_context, num_splits,
+                       interpret=device.backend().triton_interpret, num_sms=parallelism())
+    num_splits, tiles = plan.num_splits, plan.tiles
+    seq_lens = seq_lens.contiguous()  # the kernel reads seq_lens[s] at seq_lens_ptr + s
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty((num_seqs, num_heads), dtype=torch.float32, device=q.device)
     if num_seqs == 0:
         return out, lse
-    tiles = decode_tiles(group, head_dim, max_context, device.backend().triton_interpret)
     if num_splits == 1:
         part_out, part_lse = out, lse
         out_strides = (*out.stride()[:2], 0, out.stride(2))
@@ -153,7 +173,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
 
     q ``[num_seqs, num_heads, head_dim]`` float32/float16/bfloat16; k_cache, v_cache ``[num_blocks,
     block_size, num_kv_heads, head_dim]`` (q's dtype); block_tables int32 ``[num_seqs, max_blocks]``;
-    seq_lens int32 ``[num_seqs]``. ``num_splits`` forces split-K (None: :func:`choose_num_splits`).
+    seq_lens int32 ``[num_seqs]`` (any strides). ``num_splits`` forces split-K (None:
+    :func:`choose_num_splits`), clamped to the number of key tiles (see :func:`plan_decode`).
     Returns out ``[num_seqs, num_heads, head_dim]`` (q's dtype; ``out`` itself when given) and, with
     ``return_lse``, lse float32 ``[num_seqs, num_heads]``.
     """
@@ -166,14 +187,15 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
     return (out, lse) if return_lse else out
 
 
-def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None):
+def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None):
     """The non-paged baseline: the decode kernel reading K/V rows ``k[s, :seq_lens[s]]`` directly.
 
     q ``[num_seqs, num_heads, head_dim]``; k, v ``[num_seqs, max_len, num_kv_heads, head_dim]``; seq_lens
     int32 ``[num_seqs]``. Same kernel, tiles and split heuristic as :func:`paged_decode`, so their time
-    ratio measures the cost of the block-table indirection alone. Returns out like q.
+    ratio measures the cost of the block-table indirection alone. Returns out like q. ``validate`` as
+    :func:`paged_decode` (lengths in ``[0, max_len]``).
     """
-    check_contiguous_decode(q, k, v, seq_lens, scale=scale, out=out)
+    check_contiguous_decode(q, k, v, seq_lens, scale=scale, out=out, validate=validate)
     out, _ = _decode(q, k, v, None, seq_lens, paged=False, block_size=1, scale=scale, sliding_window=None,
                      num_splits=None, out=out, max_context=k.shape[1])
     return out
@@ -196,7 +218,9 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    if max_query_len is not None:
+    # The kernel reads seq_lens[s] and cu_seqlens_q[s] at ptr + s: a strided view must be made dense.
+    seq_lens, cu_seqlens_q = seq_lens.contiguous(), cu_seqlens_q.contiguous()
+    if max_query_len is not None:  # known on the host: no device read
         max_q_len = int(max_query_len)
     else:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0

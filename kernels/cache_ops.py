@@ -37,14 +37,16 @@ def copy_blocks_tile(block_elems: int, interpret: bool) -> int:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, *, validate: bool | None = None) -> None:
     """Store ``k[i], v[i]`` at slot ``slot_mapping[i]`` of ``k_cache, v_cache``; slot -1 skips token i.
 
     k, v ``[num_tokens, num_kv_heads, head_dim]`` (the caches' dtype); caches ``[num_blocks, block_size,
-    num_kv_heads, head_dim]``; slot_mapping int32/int64 ``[num_tokens]``, slots distinct (checked, with
-    their range, under ``PAGEDBENCH_VALIDATE=1``).
+    num_kv_heads, head_dim]``; slot_mapping int32/int64 ``[num_tokens]``, slots distinct. Slot values are
+    checked (range, distinct) with ``validate=True``; ``None``: when slot_mapping is in host memory (an
+    out-of-range slot there would make the interpreted kernel write outside the cache) or under
+    ``PAGEDBENCH_VALIDATE=1``.
     """
-    check_write_kv(k, v, k_cache, v_cache, slot_mapping)
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
@@ -58,13 +60,14 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     )
 
 
-def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor) -> None:
+def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor, *,
+                validate: bool | None = None) -> None:
     """Copy block ``src`` onto block ``dst`` in both caches for every row (src, dst) of ``pairs``.
 
     pairs int32/int64 ``[num_pairs, 2]``. Destinations must be distinct and not also sources (programs
-    run in no particular order); checked, with the id range, under ``PAGEDBENCH_VALIDATE=1``.
+    run in no particular order). Checked, with the id range, as ``write_kv`` checks its slots.
     """
-    check_copy_blocks(k_cache, v_cache, pairs)
+    check_copy_blocks(k_cache, v_cache, pairs, validate=validate)
     num_pairs = pairs.shape[0]
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if num_pairs == 0:

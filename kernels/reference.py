@@ -71,7 +71,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
         allowed &= key_pos[None, :] > q_pos[:, None] - sliding_window
     scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # -inf where nothing is allowed
-    probs = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
+    # Renormalised by their sum: for scores ~1e9 the float32 lse cannot hold log(n) (its ulp is 64 or
+    # more), so exp(scores - lse) alone sums to the number of tied keys instead of 1.
+    weights = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
+    total = weights.sum(dim=-1, keepdim=True)
+    probs = weights / torch.where(total > 0, total, 1.0)
     out = torch.einsum("nhgl,lhd->nhgd", probs, v)
     return out.reshape(n, num_heads, d), lse.reshape(n, num_heads)
 
@@ -133,10 +137,11 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
                             sliding_window=sliding_window, out=out, return_lse=return_lse)
 
 
-def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None):
+def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None):
     """Decode over contiguous K/V: k, v ``[num_seqs, max_len, num_kv_heads, head_dim]``, sequence s using
     its first ``seq_lens[s]`` rows. q, out ``[num_seqs, num_heads, head_dim]``."""
-    check_contiguous_decode(q, k, v, seq_lens, scale=scale, out=out, dtypes=REFERENCE_DTYPES)
+    check_contiguous_decode(q, k, v, seq_lens, scale=scale, out=out, validate=validate,
+                            dtypes=REFERENCE_DTYPES)
     ct = _compute_dtype(q.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -150,10 +155,10 @@ def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None):
     return out
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping):
+def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
     """Store token i's k[i], v[i] (``[num_tokens, num_kv_heads, head_dim]``) at slot ``slot_mapping[i]``
     (``block = slot // block_size``, ``offset = slot % block_size``); slot -1 skips the token."""
-    check_write_kv(k, v, k_cache, v_cache, slot_mapping, dtypes=REFERENCE_DTYPES)
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate, dtypes=REFERENCE_DTYPES)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = k_cache.shape[1]
@@ -161,10 +166,10 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     v_cache[slots // block_size, slots % block_size] = v[keep]
 
 
-def copy_blocks(k_cache, v_cache, pairs):
+def copy_blocks(k_cache, v_cache, pairs, *, validate=None):
     """For every (src, dst) row of ``pairs`` (int ``[num_pairs, 2]``) copy block src onto block dst, in
     both caches. All sources are read before any destination is written."""
-    check_copy_blocks(k_cache, v_cache, pairs, dtypes=REFERENCE_DTYPES)
+    check_copy_blocks(k_cache, v_cache, pairs, validate=validate, dtypes=REFERENCE_DTYPES)
     src, dst = pairs[:, 0].long(), pairs[:, 1].long()
     k_cache[dst] = k_cache[src]
     v_cache[dst] = v_cache[src]

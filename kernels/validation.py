@@ -4,16 +4,17 @@ Two levels:
 
 * always (cheap, no device sync): types, ranks, shapes, dtypes and devices of every tensor, the GQA
   ratio, ``scale`` / ``sliding_window`` / ``num_splits`` values, and a caller's ``out=``;
-* on request (``validate=True``; when ``validate`` is None: for attention, by default when the block
-  tables live in host memory, and everywhere under the environment variable ``PAGEDBENCH_VALIDATE=1``;
-  these read the index tensors back to the host): block ids in range for every block-table entry
-  a sequence uses, ``0 <= seq_lens <= max_blocks * block_size``, ``cu_seqlens_q`` starting at 0,
-  non-decreasing and ending at ``total_q_tokens``, every query length ``<= seq_lens``, slots in range and
-  distinct, copy pairs in range with distinct destinations that are not also sources.
+* on request (``validate=True``; when ``validate`` is None: by default when the index tensors (block
+  tables, slot mapping, copy pairs, contiguous lengths) live in host memory, and everywhere under the
+  environment variable ``PAGEDBENCH_VALIDATE=1``; these read the index tensors back to the host):
+  block ids in range for every block-table entry a sequence uses, ``0 <= seq_lens <= max_blocks *
+  block_size``, ``cu_seqlens_q`` starting at 0, non-decreasing and ending at ``total_q_tokens``, every
+  query length ``<= seq_lens``, slots in range and distinct, copy pairs in range with distinct
+  destinations that are not also sources.
 
-Every failure raises :class:`KernelInputError` (a ``ValueError``) or :class:`KernelDtypeError` (also a
-``TypeError``) naming the argument, what was expected and what was given. Nothing is launched or written
-before the checks pass.
+Every failure raises :class:`KernelInputError` (a ``ValueError``) or :class:`KernelTypeError` /
+:class:`KernelDtypeError` (also ``TypeError``: an argument of the wrong type or dtype) naming the
+argument, what was expected and what was given. Nothing is launched or written before the checks pass.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ class KernelInputError(ValueError):
     """A kernel argument of the wrong shape, device or value."""
 
 
-class KernelDtypeError(KernelInputError, TypeError):
+class KernelTypeError(KernelInputError, TypeError):
+    """A kernel argument of the wrong Python type (a list where a tensor goes, a float ``num_splits``)."""
+
+
+class KernelDtypeError(KernelTypeError):
     """A kernel argument of the wrong dtype (or not a tensor at all)."""
 
 
@@ -61,7 +66,9 @@ def validation_enabled(validate: bool | None, on: torch.Tensor | None = None) ->
     tensor ``on`` lives in host memory: there reading it back costs no device sync, and an out-of-range
     index would make the interpreted kernel read outside the cache (a crash, not an error)."""
     if validate is not None:
-        return bool(validate)
+        if not isinstance(validate, bool):
+            raise KernelTypeError(f"validate must be True, False or None; got {validate!r}")
+        return validate
     if on is not None and on.device.type == "cpu":
         return True
     return os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
@@ -116,11 +123,14 @@ def check_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dty
 
 def check_options(scale: float | None, sliding_window: int | None, num_splits: int | None) -> None:
     """``scale`` a finite number, ``sliding_window`` and ``num_splits`` integers >= 1 (or None)."""
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                              or not math.isfinite(scale)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise KernelTypeError(f"scale must be a finite number or None; got {scale!r}")
+    if scale is not None and not math.isfinite(scale):
         raise KernelInputError(f"scale must be a finite number or None; got {scale!r}")
     for name, value in (("sliding_window", sliding_window), ("num_splits", num_splits)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise KernelTypeError(f"{name} must be an integer >= 1 or None; got {value!r}")
+        if value is not None and value < 1:
             raise KernelInputError(f"{name} must be an integer >= 1 or None; got {value!r}")
 
 
@@ -236,8 +246,9 @@ def check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_
     return shape
 
 
-def check_contiguous_decode(q, k, v, seq_lens, *, scale, out, dtypes=KERNEL_DTYPES) -> None:
-    """All checks of ``contiguous_decode``; lengths are checked only under ``PAGEDBENCH_VALIDATE=1``."""
+def check_contiguous_decode(q, k, v, seq_lens, *, scale, out, validate=None, dtypes=KERNEL_DTYPES) -> None:
+    """All checks of ``contiguous_decode``; lengths in ``[0, k.shape[1]]`` when validating (see
+    :func:`validation_enabled`: by default when seq_lens is in host memory)."""
     check_options(scale, None, None)
     check_tensor(q, "q", 3, "[num_seqs, num_heads, head_dim]", dtypes)
     layout = "[num_seqs, max_len, num_kv_heads, head_dim]"
@@ -257,7 +268,7 @@ def check_contiguous_decode(q, k, v, seq_lens, *, scale, out, dtypes=KERNEL_DTYP
         raise KernelInputError(f"q: num_heads (q.shape[1]) must be a positive multiple of num_kv_heads "
                                f"(k.shape[2] = {k.shape[2]}); got {num_heads}")
     check_out(out, tuple(q.shape), q.dtype, q.device)
-    if validation_enabled(None):
+    if validation_enabled(validate, seq_lens):
         lens = seq_lens.detach().to("cpu", torch.int64)
         bad = ((lens < 0) | (lens > k.shape[1])).nonzero()
         if bad.numel():
@@ -266,8 +277,9 @@ def check_contiguous_decode(q, k, v, seq_lens, *, scale, out, dtypes=KERNEL_DTYP
                                    f"got {int(lens[s])}")
 
 
-def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, dtypes=KERNEL_DTYPES) -> None:
-    """All checks of ``write_kv``; slot values are checked only under ``PAGEDBENCH_VALIDATE=1``."""
+def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None, dtypes=KERNEL_DTYPES) -> None:
+    """All checks of ``write_kv``; slot values (range, distinct) when validating (see
+    :func:`validation_enabled`: by default when slot_mapping is in host memory)."""
     check_tensor(k, "k", 3, "[num_tokens, num_kv_heads, head_dim]", dtypes)
     check_tensor(v, "v", 3, "[num_tokens, num_kv_heads, head_dim]", dtypes)
     check_same(v, "v", k, "k")
@@ -281,7 +293,7 @@ def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, dtypes=KERNEL_DTYPES
     check_device(slot_mapping, "slot_mapping", k.device)
     check_dim("slot_mapping", "num_tokens (slot_mapping.shape[0]) = k.shape[0]", k.shape[0],
               slot_mapping.shape[0])
-    if validation_enabled(None):
+    if validation_enabled(validate, slot_mapping):
         slots = slot_mapping.detach().to("cpu", torch.int64)
         num_slots = k_cache.shape[0] * k_cache.shape[1]
         bad = ((slots < -1) | (slots >= num_slots)).nonzero()
@@ -294,14 +306,15 @@ def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, dtypes=KERNEL_DTYPES
             raise KernelInputError("slot_mapping must not repeat a slot (other than -1)")
 
 
-def check_copy_blocks(k_cache, v_cache, pairs, *, dtypes=KERNEL_DTYPES) -> None:
-    """All checks of ``copy_blocks``; block ids are checked only under ``PAGEDBENCH_VALIDATE=1``."""
+def check_copy_blocks(k_cache, v_cache, pairs, *, validate=None, dtypes=KERNEL_DTYPES) -> None:
+    """All checks of ``copy_blocks``; block ids (range, distinct destinations that are not sources) when
+    validating (see :func:`validation_enabled`: by default when pairs is in host memory)."""
     check_tensor(k_cache, "k_cache", 4, "[num_blocks, block_size, num_kv_heads, head_dim]", dtypes)
     check_cache_pair(k_cache, v_cache, dtypes, k_cache.device)
     check_tensor(pairs, "pairs", 2, "[num_pairs, 2] of (src, dst) block ids", INDEX_DTYPES)
     check_device(pairs, "pairs", k_cache.device)
     check_dim("pairs", "pairs.shape[1] (src, dst)", 2, pairs.shape[1])
-    if validation_enabled(None):
+    if validation_enabled(validate, pairs):
         p = pairs.detach().to("cpu", torch.int64)
         num_blocks = k_cache.shape[0]
         bad = ((p < 0) | (p >= num_blocks)).nonzero()

@@ -48,9 +48,11 @@ def _random_block(gen: torch.Generator, device) -> torch.Tensor:
     return torch.randn(BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(device)
 
 
-def test_write_kv_past_2_31_elements(impl, huge_caches):
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_write_kv_past_2_31_elements(impl, huge_caches, slot_dtype):
     """Slots whose element offset is above 2^31 (and slot 0) get exactly their tokens; the blocks
-    around them are unchanged."""
+    around them are unchanged. With int32 slots the slot fits, but slot x elements-per-slot does not:
+    the product must be formed in 64 bits."""
     k_cache, v_cache = huge_caches
     gen = torch.Generator().manual_seed(31)
     last = NUM_BLOCKS - 1
@@ -66,7 +68,7 @@ def test_write_kv_past_2_31_elements(impl, huge_caches):
     k = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
     v = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
     rss = _rss_mib()
-    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device=dev))
+    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=slot_dtype, device=dev))
     checks.record("rss_growth_mib", _rss_mib() - rss)
     for t, s in enumerate(slots):
         before_k[s // BLOCK_SIZE][s % BLOCK_SIZE] = k[t]
@@ -98,3 +100,82 @@ def test_decode_reads_blocks_past_2_31_elements(impl, huge_caches):
     tol = TOLERANCES[DTYPE]
     checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
                         context="decode/huge")
+
+
+def test_prefill_reads_blocks_past_2_31_elements(impl, huge_caches):
+    """Prefill queries of a sequence whose blocks sit at the end of a huge cache (and at block 0)."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(33)
+    last = NUM_BLOCKS - 1
+    table = [last - 1, 0, last, last - 2]
+    for b in table:
+        k_cache[b] = _random_block(gen, k_cache.device)
+        v_cache[b] = _random_block(gen, k_cache.device)
+    seq_len, q_len = 3 * BLOCK_SIZE + 5, 2 * BLOCK_SIZE + 1  # the queries cross two block boundaries
+    q = (torch.randn(q_len, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+    tables = torch.tensor([table], dtype=torch.int32)
+    lens = torch.tensor([seq_len], dtype=torch.int32)
+    cu = torch.tensor([0, q_len], dtype=torch.int32)
+    ref = oracle.prefill(q, k_cache, v_cache, tables, lens, cu)
+    dev = k_cache.device
+    q, tables, lens, cu = q.to(dev), tables.to(dev), lens.to(dev), cu.to(dev)
+    rss = _rss_mib()
+    out = impl.paged_prefill(q, k_cache, v_cache, tables, lens, cu, out=torch.full_like(q, float("nan")))
+    checks.record("rss_growth_mib", _rss_mib() - rss)
+    tol = TOLERANCES[DTYPE]
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
+                        context="prefill/huge")
+
+
+@pytest.mark.parametrize("pair_dtype", [torch.int64, torch.int32])
+def test_copy_blocks_past_2_31_elements(impl, huge_caches, pair_dtype):
+    """Copies from and to blocks whose element offset is above 2^31, with block ids that fit int32
+    (the id x block stride product must not)."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(34)
+    last = NUM_BLOCKS - 1
+    touched = [0, 1, last - 1, last]
+    for b in touched:
+        k_cache[b] = _random_block(gen, k_cache.device)
+        v_cache[b] = _random_block(gen, k_cache.device)
+    want_k = {b: k_cache[b].clone() for b in touched}
+    want_v = {b: v_cache[b].clone() for b in touched}
+    pairs = [(last, 1), (0, last - 1)]
+    for src, dst in pairs:
+        want_k[dst], want_v[dst] = want_k[src].clone(), want_v[src].clone()
+    rss = _rss_mib()
+    impl.copy_blocks(k_cache, v_cache, torch.tensor(pairs, dtype=pair_dtype, device=k_cache.device))
+    checks.record("rss_growth_mib", _rss_mib() - rss)
+    for b in touched:
+        checks.assert_bitwise_equal(k_cache[b], want_k[b], what=f"k_cache[{b}]", context="copy_blocks/huge")
+        checks.assert_bitwise_equal(v_cache[b], want_v[b], what=f"v_cache[{b}]", context="copy_blocks/huge")
+
+
+def test_contiguous_decode_past_2_31_elements(impl, huge_caches):
+    """Contiguous K/V whose sequence stride fits int32 (2^30 + 1024 elements) but whose third sequence
+    starts past 2^31 elements: a view over the huge cache's storage, so nothing more is allocated."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(35)
+    seq_stride, max_len = 2**30 + 1024, 2 * BLOCK_SIZE
+    shape = (3, max_len, NUM_KV_HEADS, HEAD_DIM)
+    strides = (seq_stride, NUM_KV_HEADS * HEAD_DIM, HEAD_DIM, 1)
+    k = k_cache.view(-1).as_strided(shape, strides)
+    v = v_cache.view(-1).as_strided(shape, strides)
+    assert 2 * seq_stride + k[2].numel() <= k_cache.numel() and 2 * seq_stride > 2**31
+    lens = torch.tensor([3, 1, max_len - 3], dtype=torch.int32)
+    for s, n in enumerate(lens.tolist()):
+        k[s, :n] = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(k.device)
+        v[s, :n] = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(k.device)
+    q = (torch.randn(3, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+    # the oracle sees the same K/V as a paged cache: sequence s is one block of max_len slots
+    paged_k = torch.stack([k[s] for s in range(3)]).cpu()
+    paged_v = torch.stack([v[s] for s in range(3)]).cpu()
+    ref = oracle.decode(q, paged_k, paged_v, torch.arange(3, dtype=torch.int32)[:, None], lens)
+    dev = k.device
+    q, lens = q.to(dev), lens.to(dev)
+    rss = _rss_mib()
+    out = impl.contiguous_decode(q, k, v, lens, out=torch.full_like(q, float("nan")))
+    checks.record("rss_growth_mib", _rss_mib() - rss)
+    tol = TOLERANCES[DTYPE]
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
+                        context="contiguous/huge")
