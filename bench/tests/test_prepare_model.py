@@ -14,10 +14,9 @@ import subprocess
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 
+import pagedbench.bench.prepare_model as pm
 import pytest
-
-import bench.prepare_model as pm
-from bench.prepare_model import GgufSource, ModelFolderError, ModelPrepError
+from pagedbench.bench.prepare_model import GgufSource, ModelFolderError, ModelPrepError
 
 TINY_CONFIG = dict(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,

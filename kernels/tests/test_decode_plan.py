@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from conformance import oracle
-from kernels import attention
+from pagedbench.conformance import oracle
+from pagedbench.kernels import attention
 
 BS, HKV, HQ, D = 16, 1, 2, 16
 MAX_BLOCKS = 40  # capacity 640 keys: 3 key tiles of 256 under the interpreter

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kernels
-from conformance import oracle
-from kernels import reference
+from pagedbench.conformance import oracle
+from pagedbench.kernels import reference
 
 LAUNCHERS = {"triton": kernels, "torch": reference}
 BS, HKV, HQ, D = 4, 1, 2, 16

@@ -16,10 +16,8 @@ import time
 
 import pytest
 import torch
-
-import kernels
-from kernels import attention, reference
-from kernels.validation import KernelInputError
+from pagedbench.kernels import attention, reference
+from pagedbench.kernels.validation import KernelInputError
 
 LAUNCHERS = {"triton": kernels, "torch": reference}
 NB, BS, HKV, HQ, D = 6, 4, 2, 4, 16

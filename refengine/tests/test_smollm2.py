@@ -1,7 +1,7 @@
 """A real checkpoint: on SmolLM2-135M-Instruct the engine's float32 greedy tokens equal transformers'.
 
 Opt-in (marker ``model``) and skipped unless the folder has been prepared with
-``python -m bench.prepare_model smollm2`` (``models/SmolLM2-135M-Instruct`` under the project root, or the
+``python -m pagedbench.bench.prepare_model smollm2`` (``models/SmolLM2-135M-Instruct`` under the project root, or the
 folder named by ``$PAGEDBENCH_SMOLLM2``). Eight chat prompts of different lengths go through the chat
 template as strings; the engine serves them in one batch (``ignore_eos``, 16 new tokens each) and each must
 equal a greedy loop over ``transformers``' own model, one prompt at a time, that also runs past EOS (argmax
@@ -19,7 +19,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from refengine import LLM, SamplingParams  # noqa: E402
+from pagedbench.refengine import LLM, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -43,7 +43,7 @@ PROMPTS = (
 def folder(request) -> Path:
     path = Path(os.environ.get("PAGEDBENCH_SMOLLM2") or request.config.rootpath / "models" / FOLDER_NAME)
     if not path.is_dir():
-        pytest.skip(f"not prepared: {path} does not exist (run `python -m bench.prepare_model smollm2`)")
+        pytest.skip(f"not prepared: {path} does not exist (run `python -m pagedbench.bench.prepare_model smollm2`)")
     return path
 
 
