@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pagedbench import kernels
 from pagedbench.conformance import oracle
 from pagedbench.kernels import reference
 

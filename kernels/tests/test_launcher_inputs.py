@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from pagedbench import kernels
 from pagedbench.kernels import attention, reference
 from pagedbench.kernels.validation import KernelInputError
 
