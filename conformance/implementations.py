@@ -13,6 +13,7 @@ gate run on another project's implementation never loads them.
 
 from __future__ import annotations
 
+from pagedbench.conformance import batched_torch_adapter  # noqa: F401  (registers "torch-batched", lazily)
 from pagedbench.conformance.adapter import Implementation, register
 from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
 

@@ -2,9 +2,10 @@
 allocate or check ``out=`` -> launch. No math here; conventions (GQA mapping, window, LSE, empty rows)
 are those of ``kernels.reference``, whose docstring states them.
 
-Tile sizes are chosen by small explicit functions (no autotuning, so tests run one pinned config):
-large tiles under the Triton interpreter, where every program step costs milliseconds, and
-register-sized tiles on a GPU.
+Tile sizes are chosen by small explicit functions, so tests run one pinned config: large tiles under
+the Triton interpreter, where every program step costs milliseconds, and register-sized tiles on a GPU;
+on a GPU prefill is autotuned instead over ``PREFILL_CONFIGS`` (beside the kernel, with its prune
+filter).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import torch
 import triton
 from pagedbench.kernels import device
 from pagedbench.kernels.attention_kernels import (
+    PREFILL_CONFIGS,
     _decode_partial_kernel,
     _decode_reduce_kernel,
     _prefill_kernel,
+    prune_prefill_configs,
 )
 from pagedbench.kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
 
@@ -41,49 +44,98 @@ MIN_KEYS_PER_SPLIT = 512  # a split shorter than this costs more to merge than i
 MAX_SPLITS = 16
 
 
+SPECIALISED_BLOCK_SIZES = (16, 32, 64, 128)  # compiled with block_size a constexpr (shifts, masks)
+MIN_DOT_GROUP = 4  # decode uses tl.dot from this GQA group up: padded to 16 rows it wastes at most 4x
+
+
+def block_size_constexpr(block_size: int) -> int:
+    """The kernels' BLOCK_SIZE: the block size itself when specialised, else 0 (the runtime path)."""
+    return block_size if block_size in SPECIALISED_BLOCK_SIZES else 0
+
+
+def decode_uses_dot(group_size: int, interpret: bool, dtype_bytes: int = 2) -> bool:
+    """tl.dot (tensor cores) on a GPU for fp16/bf16 groups of MIN_DOT_GROUP or more (float32 ieee
+    products get no tensor cores, and its 16-row tiles spill); broadcast products under the
+    interpreter, where tl.dot is numpy's slow loop (tests force it through here)."""
+    return not interpret and dtype_bytes == 2 and group_size >= MIN_DOT_GROUP
+
+
+def prefill_uses_dot(interpret: bool) -> bool:
+    """tl.dot on a GPU; broadcast products under the interpreter (tests force tl.dot through here)."""
+    return not interpret
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeTiles:
-    block_g: int  # query heads of one KV head handled together (power of two >= group size)
+    block_g: int  # query heads of one KV head handled together (power of two >= group size; >= 16 for dot)
     block_n: int  # keys per tile step
-    block_d: int  # head_dim padded to a power of two
+    block_d: int  # head_dim padded to a power of two (>= 16 for dot)
     num_warps: int
+    use_dot: bool  # products by tl.dot rather than broadcast multiply + sum
 
 
-def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bool) -> DecodeTiles:
-    """Tiles of the decode kernel, whose broadcast product holds block_g * block_n * block_d floats:
-    up to 2^18 under the interpreter (fewer, larger steps); 2^13 over 8 warps on a GPU (no register
-    spills on sm_90 for head_dim 32..256 and groups 1..16, checked with cuobjdump)."""
+def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bool,
+                 use_dot: bool = False) -> DecodeTiles:
+    """Tiles of the decode kernel.
+
+    Broadcast path, whose product holds block_g * block_n * block_d floats: up to 2^18 under the
+    interpreter (fewer, larger steps); 2^13 over 8 warps on a GPU (no register spills on sm_90 for
+    head_dim 32..256 and groups 1..16, checked with ``python -m kernels.compile_check``).
+    Dot path: the group padded to 16 rows, 32 keys a step (16 for head_dim 256), 8 warps (64 keys, or
+    4 warps, spill on sm_90 at head_dim 128)."""
+    if use_dot:
+        block_g = max(16, triton.next_power_of_2(group_size))
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        block_n = max(16, min(32 if block_d <= 128 else 16, triton.next_power_of_2(max(max_context, 1))))
+        return DecodeTiles(block_g, block_n, block_d, 8, True)
     block_g, block_d = triton.next_power_of_2(group_size), triton.next_power_of_2(head_dim)
     budget = 1 << 18 if interpret else 1 << 13
     block_n = max(1, budget // (block_g * block_d))
     block_n = min(block_n, 256 if interpret else 128, triton.next_power_of_2(max(max_context, 1)))
-    return DecodeTiles(block_g, 1 << (block_n.bit_length() - 1), block_d, 4 if interpret else 8)
+    return DecodeTiles(block_g, 1 << (block_n.bit_length() - 1), block_d, 4 if interpret else 8, False)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillTiles:
-    block_m: int  # queries per tile
-    block_g: int  # query heads of one KV head (power of two >= group size); rows = block_m * block_g
+    block_r: int  # rows per tile: block_r // block_g queries x block_g heads
+    block_g: int  # query heads of one KV head (power of two >= group size)
     block_n: int  # keys per tile step
     block_d: int  # head_dim padded to a power of two (>= 16)
     num_warps: int
+    use_dot: bool  # products by tl.dot rather than broadcast multiply + sum
+
+    @property
+    def block_m(self) -> int:
+        """Queries per tile."""
+        return self.block_r // self.block_g
 
 
-def prefill_tiles(group_size: int, head_dim: int, max_q_len: int, interpret: bool) -> PrefillTiles:
-    """Tiles of the prefill kernel.
+def prefill_tiles(group_size: int, head_dim: int, max_q_len: int, interpret: bool,
+                  use_dot: bool | None = None, dtype_bytes: int = 2) -> PrefillTiles:
+    """The pinned tiles of the prefill kernel (the GPU autotunes over PREFILL_CONFIGS instead).
 
-    Interpreter (broadcast products of rows * block_n * block_d floats, at most 2^20, Triton's limit):
-    the largest, since each program step costs milliseconds of interpretation there.
-    GPU (float32 ``tl.dot``, so rows, block_n, block_d >= 16): 16 rows x 16 keys (32 for head_dim
-    <= 64), the largest that do not spill registers on sm_90 (checked with cuobjdump)."""
+    Broadcast path (the interpreter: products of rows * block_n * block_d floats, at most 2^20, Triton's
+    limit): the largest, since each program step costs milliseconds of interpretation there.
+    Dot path (rows, block_n, block_d >= 16): 16 rows (at least one group) x 32 keys for fp16/bf16 up to
+    head_dim 128, else x 16 keys (float32 tiles twice the bytes: 32 keys spill on sm_90 at head_dim 128,
+    ``python -m kernels.compile_check``)."""
+    use_dot = not interpret if use_dot is None else use_dot
     block_g = triton.next_power_of_2(group_size)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if interpret:
+    if not use_dot:
         block_m = min(triton.next_power_of_2(max(max_q_len, 1)), max(1, 128 // block_g))
         block_n = max(1, min(256, (1 << 20) // (block_m * block_g * block_d)))
-        return PrefillTiles(block_m, block_g, block_n, block_d, 4)
-    block_m = max(1, 16 // block_g)
-    return PrefillTiles(block_m, block_g, 32 if block_d <= 64 else 16, block_d, 8 if block_d >= 256 else 4)
+        return PrefillTiles(block_m * block_g, block_g, block_n, block_d, 4, False)
+    block_n = 32 if dtype_bytes == 2 and block_d <= 128 else 16
+    return PrefillTiles(max(16, block_g), block_g, block_n, block_d, 4 if dtype_bytes == 2 else 8, True)
+
+
+@functools.cache
+def _prefill_autotuned():
+    """``_prefill_kernel`` autotuned over PREFILL_CONFIGS (a GPU only: the interpreter runs the pinned
+    :func:`prefill_tiles`), keyed by head dim, group and block size (and, implicitly, the dtypes)."""
+    return triton.autotune(configs=PREFILL_CONFIGS, key=["head_dim", "group_size", "block_size"],
+                           prune_configs_by={"early_config_prune": prune_prefill_configs})(_prefill_kernel)
 
 
 @functools.cache
@@ -113,11 +165,12 @@ class DecodePlan:
 
 
 def plan_decode(num_seqs: int, num_kv_heads: int, group_size: int, head_dim: int, max_context: int,
-                num_splits: int | None, *, interpret: bool, num_sms: int) -> DecodePlan:
+                num_splits: int | None, *, interpret: bool, num_sms: int, dtype_bytes: int = 2) -> DecodePlan:
     """Tiles, and the split count: the caller's ``num_splits`` if given, else :func:`choose_num_splits`;
     either is clamped to the key tiles of the longest possible context (``max_context`` keys), since a
     split past them has no key to visit and costs a partial buffer row and a reduction step."""
-    tiles = decode_tiles(group_size, head_dim, max_context, interpret)
+    use_dot = decode_uses_dot(group_size, interpret, dtype_bytes)
+    tiles = decode_tiles(group_size, head_dim, max_context, interpret, use_dot)
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, num_sms)
     return DecodePlan(tiles, max(1, min(num_splits, triton.cdiv(max_context, tiles.block_n))))
@@ -132,7 +185,8 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
     group = num_heads // num_kv_heads
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     plan = plan_decode(num_seqs, num_kv_heads, group, head_dim, max_context, num_splits,
-                       interpret=device.backend().triton_interpret, num_sms=parallelism())
+                       interpret=device.backend().triton_interpret, num_sms=parallelism(),
+                       dtype_bytes=q.element_size())
     num_splits, tiles = plan.num_splits, plan.tiles
     seq_lens = seq_lens.contiguous()  # the kernel reads seq_lens[s] at seq_lens_ptr + s
     if out is None:
@@ -155,7 +209,7 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
         q, k, v, table, seq_lens, part_out, part_lse,
         scale, sliding_window or 0, block_size, group, head_dim, num_splits,
         *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
-        PAGED=paged,
+        PAGED=paged, USE_DOT=tiles.use_dot, BLOCK_SIZE=block_size_constexpr(block_size) if paged else 0,
         BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, num_warps=tiles.num_warps,
     )
     if num_splits > 1:
@@ -226,14 +280,25 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if shape.num_seqs else 0
     if max_q_len > 0:
         interpret = device.backend().triton_interpret
-        tiles = prefill_tiles(shape.group_size, shape.head_dim, max_q_len, interpret)
-        grid = (triton.cdiv(max_q_len, tiles.block_m), shape.num_kv_heads, shape.num_seqs)
-        _prefill_kernel[grid](
-            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, lse,
-            scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
-            *lse.stride(),
-            USE_DOT=not interpret, BLOCK_M=tiles.block_m, BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n,
-            BLOCK_D=tiles.block_d, num_warps=tiles.num_warps,
-        )
+        use_dot = prefill_uses_dot(interpret)
+        block_g = triton.next_power_of_2(shape.group_size)
+        block_d = max(16, triton.next_power_of_2(shape.head_dim))
+        args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, lse,
+                scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
+                *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+                *lse.stride())
+        fixed = {"USE_DOT": use_dot, "BLOCK_SIZE": block_size_constexpr(shape.block_size), "BLOCK_G": block_g,
+                 "BLOCK_D": block_d}
+
+        def grid(meta):
+            return (triton.cdiv(max_q_len, meta["BLOCK_R"] // meta["BLOCK_G"]), shape.num_kv_heads,
+                    shape.num_seqs)
+
+        if use_dot and not interpret:
+            _prefill_autotuned()[grid](*args, **fixed)
+        else:
+            tiles = prefill_tiles(shape.group_size, shape.head_dim, max_q_len, interpret, use_dot,
+                                  q.element_size())
+            _prefill_kernel[grid](*args, **fixed, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n,
+                                  num_warps=tiles.num_warps)
     return (out, lse) if return_lse else out

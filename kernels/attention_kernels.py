@@ -8,7 +8,9 @@ Cache layout (K and V alike; any strides)::
                                              offset = pos % block_size
 
 Keys are visited in tiles of BLOCK_N consecutive *logical* positions and each key's (block, offset) is
-computed on its own, so block_size is a runtime value of any size (1, 5, 16, 128 ...), not a constexpr.
+computed on its own. ``BLOCK_SIZE`` (constexpr) is the block size when it is a power of two the
+launchers specialise (16, 32, 64, 128: the division and modulo become shifts and masks); 0 selects the
+generic path, where the runtime ``block_size`` may be any size (1, 5, 80 ...).
 
 Safety rules every kernel follows (what the conformance suite poisons with NaN):
 
@@ -19,14 +21,32 @@ Safety rules every kernel follows (what the conformance suite poisons with NaN):
   rows give ``p = 0``, output 0 and LSE ``-inf``, never NaN;
 * every offset is int64: program ids, positions and block ids are cast before multiplying strides.
 
-Decode works on all query heads of one KV head at once (GQA group of BLOCK_G rows, scores by broadcast
-multiply + sum, which has no minimum size); prefill uses ``tl.dot`` on float32 tiles on a GPU (``ieee``
-precision: TF32 would miss float32 bounds; float32 also sidesteps the interpreter's untrustworthy
-bfloat16 ``tl.dot``) and broadcast multiply + sum under the interpreter, where it is much faster.
+Both kernels work on all query heads of one KV head at once (decode: the GQA group, BLOCK_G rows;
+prefill: BLOCK_M queries x BLOCK_G heads). With USE_DOT, Q·K^T and P·V are ``tl.dot`` on the tiles in
+their own dtype (fp16/bf16: tensor cores) with float32 accumulation, P cast to V's dtype; float32 tiles
+use ``input_precision="ieee"`` (TF32 keeps 10 mantissa bits and would miss the float32 bound of 1e-5).
+``tl.dot`` needs at least 16 rows, keys and dims, so decode pads its group to 16 rows. Without
+USE_DOT (the interpreter, where ``tl.dot`` runs numpy's slow non-BLAS loop, and small decode groups) the
+products are broadcast multiply + sum in float32. Softmax statistics and the output accumulator are
+float32 on both paths; ``scale`` multiplies the float32 scores (never the fp16 queries, which it could
+overflow).
 """
 
 import triton
 import triton.language as tl
+
+#: the precision of every ``tl.dot``: exact float32 products for float32 tiles (ignored for fp16/bf16)
+DOT_PRECISION = tl.constexpr("ieee")
+
+
+@triton.jit
+def _block_and_offset(pos, block_size, BLOCK_SIZE: tl.constexpr):
+    """(logical block, offset in it) of positions ``pos``: by the constexpr BLOCK_SIZE when it is set
+    (a power of two: shifts and masks), else by the runtime ``block_size``."""
+    if BLOCK_SIZE > 0:
+        return pos // BLOCK_SIZE, pos % BLOCK_SIZE
+    else:
+        return pos // block_size, pos % block_size
 
 
 @triton.jit
@@ -39,7 +59,7 @@ def _decode_partial_kernel(
     stride_bt_s, stride_bt_b,
     stride_out_s, stride_out_h, stride_out_split, stride_out_d,
     stride_lse_s, stride_lse_h, stride_lse_split,
-    PAGED: tl.constexpr,
+    PAGED: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Program (s, kv_head, split): one split of sequence s's keys for the query heads of kv_head.
@@ -53,6 +73,7 @@ def _decode_partial_kernel(
     (``sliding_window == 0``: no window).
     """
     tl.static_assert(BLOCK_G >= 1 and BLOCK_N >= 1 and BLOCK_D >= 1)
+    tl.static_assert(not USE_DOT or (BLOCK_G >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16))  # tl.dot's minimum
     s = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -65,8 +86,9 @@ def _decode_partial_kernel(
     d_mask = d < head_dim
     q_mask = g_mask[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + s * stride_q_s + heads[:, None] * stride_q_h + d[None, :] * stride_q_d,
-                mask=q_mask, other=0.0).to(tl.float32)
-    q = q * scale
+                mask=q_mask, other=0.0)
+    if not USE_DOT:
+        q = q.to(tl.float32)
 
     start = tl.where(sliding_window > 0, tl.maximum(seq_len - sliding_window, 0), 0)
     num_keys = tl.maximum(seq_len - start, 0)
@@ -82,9 +104,10 @@ def _decode_partial_kernel(
         pos = start + t * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = pos < seq_len
         if PAGED:
-            block = tl.load(block_tables_ptr + s * stride_bt_s + (pos // block_size).to(tl.int64) * stride_bt_b,
+            logical, offset = _block_and_offset(pos, block_size, BLOCK_SIZE)
+            block = tl.load(block_tables_ptr + s * stride_bt_s + logical.to(tl.int64) * stride_bt_b,
                             mask=n_mask, other=0).to(tl.int64)
-            offset = (pos % block_size).to(tl.int64)
+            offset = offset.to(tl.int64)
             k_rows = block * stride_k_b + offset * stride_k_o
             v_rows = block * stride_v_b + offset * stride_v_o
         else:
@@ -92,9 +115,12 @@ def _decode_partial_kernel(
             v_rows = s * stride_v_b + pos.to(tl.int64) * stride_v_o
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + k_rows[:, None] + kv_head * stride_k_h + d[None, :] * stride_k_d,
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+                    mask=kv_mask, other=0.0)
+        if USE_DOT:
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        else:
+            scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+        scores = tl.where(n_mask[None, :], scores * scale, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -102,8 +128,12 @@ def _decode_partial_kernel(
         p = tl.exp(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + v_rows[:, None] + kv_head * stride_v_h + d[None, :] * stride_v_d,
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+                    mask=kv_mask, other=0.0)
+        if USE_DOT:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        else:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     has_keys = l_i > 0.0
@@ -163,20 +193,22 @@ def _prefill_kernel(
     stride_bt_s, stride_bt_b,
     stride_out_t, stride_out_h, stride_out_d,
     stride_lse_t, stride_lse_h,
-    USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program (m_tile, kv_head, s): BLOCK_M queries of sequence s x the query heads of kv_head.
+    """Program (m_tile, kv_head, s): BLOCK_M = BLOCK_R // BLOCK_G queries of sequence s x the query heads
+    of kv_head.
 
-    The tile's BLOCK_M * BLOCK_G rows are (query, head-in-group) pairs, ``row = m * BLOCK_G + g``, so
+    The tile's BLOCK_R = BLOCK_M * BLOCK_G rows are (query, head-in-group) pairs, ``row = m * BLOCK_G + g``, so
     each K/V tile is loaded once for the whole GQA group.
     Sequence s owns query rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]`` (q_len of them); query i sits
     at position ``p = seq_len - q_len + i`` and attends keys ``j <= p`` with ``j > p - sliding_window``
     (``sliding_window == 0``: no window). Tiles past q_len visit no key and store nothing.
-    USE_DOT: products by ``tl.dot`` (GPU); else broadcast multiply + sum (the interpreter's ``tl.dot``
-    runs numpy's slow non-BLAS matmul loop, tens of ms a tile).
+    USE_DOT: products by ``tl.dot`` in the tiles' dtype (see the module docstring); else broadcast
+    multiply + sum in float32.
     """
-    BLOCK_R: tl.constexpr = BLOCK_M * BLOCK_G
+    BLOCK_M: tl.constexpr = BLOCK_R // BLOCK_G
+    tl.static_assert(BLOCK_M >= 1 and BLOCK_M * BLOCK_G == BLOCK_R)
     tl.static_assert(not USE_DOT or (BLOCK_R >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16))  # tl.dot's minimum
     m_tile = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -195,8 +227,9 @@ def _prefill_kernel(
     q_mask = r_mask[:, None] & d_mask[None, :]
     tokens = (q_begin + query).to(tl.int64)
     q = tl.load(q_ptr + tokens[:, None] * stride_q_t + heads[:, None] * stride_q_h + d[None, :] * stride_q_d,
-                mask=q_mask, other=0.0).to(tl.float32)
-    q = q * scale
+                mask=q_mask, other=0.0)
+    if not USE_DOT:
+        q = q.to(tl.float32)
 
     # Keys this tile can see: [lo, hi), hi past the tile's last real query, lo by the window.
     first_pos = seq_len - q_len + m_tile * BLOCK_M
@@ -211,16 +244,18 @@ def _prefill_kernel(
     for t in range(0, num_tiles):
         pos = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = pos < hi
-        block = tl.load(block_tables_ptr + s * stride_bt_s + (pos // block_size).to(tl.int64) * stride_bt_b,
+        logical, offset = _block_and_offset(pos, block_size, BLOCK_SIZE)
+        block = tl.load(block_tables_ptr + s * stride_bt_s + logical.to(tl.int64) * stride_bt_b,
                         mask=n_mask, other=0).to(tl.int64)
-        offset = (pos % block_size).to(tl.int64)
+        offset = offset.to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + (block * stride_k_b + offset * stride_k_o)[:, None] + kv_head * stride_k_h
-                    + d[None, :] * stride_k_d, mask=kv_mask, other=0.0).to(tl.float32)
-        if USE_DOT:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_R, BLOCK_N]
+                    + d[None, :] * stride_k_d, mask=kv_mask, other=0.0)
+        if USE_DOT:  # [BLOCK_R, BLOCK_N]
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+            scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        scores = scores * scale
         allowed = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         allowed = allowed & ((sliding_window == 0) | (pos[None, :] > q_pos[:, None] - sliding_window))
         scores = tl.where(allowed, scores, float("-inf"))
@@ -231,11 +266,11 @@ def _prefill_kernel(
         p = tl.exp(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + (block * stride_v_b + offset * stride_v_o)[:, None] + kv_head * stride_v_h
-                    + d[None, :] * stride_v_d, mask=kv_mask, other=0.0).to(tl.float32)
+                    + d[None, :] * stride_v_d, mask=kv_mask, other=0.0)
         if USE_DOT:
-            pv = tl.dot(p, v, input_precision="ieee")
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
-            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -245,3 +280,30 @@ def _prefill_kernel(
     tl.store(out_ptr + tokens[:, None] * stride_out_t + heads[:, None] * stride_out_h
              + d[None, :] * stride_out_d, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     tl.store(lse_ptr + tokens * stride_lse_t + heads * stride_lse_h, lse, mask=r_mask)
+
+
+def _prefill_config(rows: int, keys: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_R": rows, "BLOCK_N": keys}, num_warps=warps, num_stages=stages)
+
+
+#: what the GPU autotuner tries for ``_prefill_kernel`` (``prune_prefill_configs`` keeps the ones that fit)
+PREFILL_CONFIGS = [
+    _prefill_config(16, 16, 8, 2),  # the smallest: float32 or head_dim 256 (larger tiles spill)
+    _prefill_config(16, 32, 4, 2),
+    _prefill_config(32, 32, 4, 2),
+    _prefill_config(64, 32, 4, 2),
+    _prefill_config(64, 64, 4, 2),
+    _prefill_config(128, 32, 8, 2),
+    _prefill_config(128, 64, 8, 2),
+]
+
+
+def prune_prefill_configs(configs, named_args, **kwargs):
+    """The configs of PREFILL_CONFIGS that fit the call: rows hold at least one query's GQA group
+    (BLOCK_R >= BLOCK_G); float32 tiles (no tensor cores, twice the bytes) and head_dim 256 only with
+    the smallest tiles (one group of at least 16 rows x 16 keys)."""
+    block_g, block_d = kwargs["BLOCK_G"], kwargs["BLOCK_D"]
+    wide = named_args["q_ptr"].element_size() >= 4 or block_d >= 256
+    kept = [c for c in configs if c.kwargs["BLOCK_R"] >= block_g
+            and (not wide or c.kwargs["BLOCK_R"] * c.kwargs["BLOCK_N"] <= max(16, block_g) * 16)]
+    return kept or [c for c in configs if c.kwargs["BLOCK_R"] >= block_g][:1]

@@ -1,0 +1,23 @@
+"""The kernels compile for sm_90 without a GPU (Triton's own ptxas/cuobjdump): one pinned configuration
+per kernel and dtype, with no register spill and tensor-core instructions in fp16/bf16 prefill.
+The full sweep over every configuration the launchers can choose is ``python -m pagedbench.kernels.compile_check``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fast_compile_check_passes():
+    pytest.importorskip("triton.backends.nvidia")
+    run = subprocess.run([sys.executable, "-m", "pagedbench.kernels.compile_check", "--fast"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    prefill = [line for line in run.stdout.splitlines() if "_prefill_kernel" in line and "fp32" not in line]
+    assert len(prefill) == 2 and all("tensor-core instructions 0" not in line for line in prefill), prefill
