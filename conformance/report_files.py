@@ -13,18 +13,25 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def write_atomically(path: Path, text: str) -> None:
+def replace_atomically(path: Path, write) -> None:
+    """``write(tmp_path)`` fills a temporary file beside ``path``, which is fsync'ed and renamed over it
+    (the studies' files and plots go through here too)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomically(path: Path, text: str) -> None:
+    replace_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def write_json(path: Path, record: dict) -> None:
