@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: peers gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 install: $(STAMP)
 
@@ -100,3 +100,19 @@ format: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .benchmarks *.egg-info
+
+## Outside implementations for the conformance matrix and the host-cost bench. Their wheels pin other
+## torch versions, so they get a venv of their own, installed without dependencies against our torch
+## (their Triton kernels and block managers are pure Python); the gate and the bench drive it in a
+## subprocess.
+PEERS_VENV ?= .peers
+VLLM_VERSION ?= 0.11.0
+SGLANG_VERSION ?= 0.5.3
+peers: $(PEERS_VENV)/.installed
+
+$(PEERS_VENV)/.installed:
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 "triton==$$($(PY) -c 'import triton; print(triton.__version__)' 2>/dev/null || echo 3.9.0)" numpy
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
+	touch $@
