@@ -1,4 +1,4 @@
-"""Kernel study (issue 4 §3): ``paged_decode`` vs ``contiguous_decode`` over batch x context x block size.
+"""Kernel study: ``paged_decode`` vs ``contiguous_decode`` over batch x context x block size.
 
 For each case the same K/V values sit in a shuffled paged pool and in a contiguous
 ``[batch, context, kv_heads, head_dim]`` tensor. Both kernels are checked once against

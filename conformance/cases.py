@@ -29,7 +29,7 @@ class Tolerance:
     lse_abs: float
 
 
-#: The one tolerance table (issue 4 §2). Never loosened to make an implementation pass.
+#: The one tolerance table. Never loosened to make an implementation pass.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(rel=1e-5, max_abs=1e-4, lse_abs=1e-4),
     torch.float16: Tolerance(rel=1e-3, max_abs=1e-2, lse_abs=1e-3),
@@ -102,7 +102,7 @@ def vary(case: AttentionCase, **changes) -> AttentionCase:
     return dataclasses.replace(case, **changes)
 
 
-#: block sizes of the grid (issue 4 §2): 1, a non-power of two, the usual 16, 32 and a large one
+#: block sizes of the grid: 1, a non-power of two, the usual 16, 32 and a large one
 BLOCK_SIZES = (1, 5, 16, 32, 128)
 #: (num_heads, num_kv_heads): MHA, GQA 4, the non-power-of-two ratio 5, GQA 8, MQA
 HEAD_LAYOUTS = ((2, 2), (8, 2), (10, 2), (16, 2), (4, 1))

@@ -1,4 +1,4 @@
-"""Unit tests of every block-manager operation and every error it raises (issue 3 §3, §5).
+"""Unit tests of every block-manager operation and every error it raises.
 
 Each rejected call is checked twice: the error type and message, and that nothing observable changed
 (tables, token counts, ref counts, free count, free order, metrics).

@@ -1,4 +1,4 @@
-"""Exact-state scenarios: the block ids, free order and counters each step must produce (issue 3 §5).
+"""Exact-state scenarios: the block ids, free order and counters each step must produce.
 
 Conventions pinned here (documented in refengine.block_manager): a fresh manager hands out blocks
 0, 1, 2, ... in order; fresh blocks come from the uncached free blocks first (FIFO), and only then is

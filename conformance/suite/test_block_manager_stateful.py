@@ -1,4 +1,4 @@
-"""A hypothesis state machine driving the block manager against a small pure-Python model (issue 3 §5).
+"""A hypothesis state machine driving the block manager against a small pure-Python model.
 
 Pools of 1-8 blocks and block sizes 1, 2, 3, 16 make exhaustion and block edges common. Rules:
 allocate (a few shared prompt prefixes, salts, publish or not, and an immediate twin of the prompt),

@@ -1,4 +1,4 @@
-"""Copy-on-write and prefix sharing with real K/V data in a KV store (issue 3 §5).
+"""Copy-on-write and prefix sharing with real K/V data in a KV store.
 
 A small driver plays the engine: it writes every new token's K/V (fresh ``randn``, never zeros) into
 the slots the block manager names, applies the ``(src, dst)`` copies ``append_token`` reports through

@@ -1,4 +1,4 @@
-"""The engine's public API (issue 5 §2-§3): equal to Hugging Face through ``LLM.generate``, finish
+"""The engine's public API: equal to Hugging Face through ``LLM.generate``, finish
 reasons, bad requests rejected while the rest completes, a failed step leaving nothing behind, argument
 errors, sizing and stats. The scheduler's exact decisions are in test_scheduler.py."""
 

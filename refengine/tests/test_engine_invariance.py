@@ -1,4 +1,4 @@
-"""Differential invariance of the engine (issue 5 §3): greedy tokens bit-identical to the plain run.
+"""Differential invariance of the engine: greedy tokens bit-identical to the plain run.
 
 The *plain run* serves each prompt alone (block size 16, no prefix caching, a large pool, one chunk).
 Every other configuration changes one axis -- batching, block size, prefix caching, chunk size, a pool

@@ -1,4 +1,4 @@
-"""Equal to Hugging Face: our paged Llama/Qwen2 forward against ``transformers``' own model (issue 5 §3).
+"""Equal to Hugging Face: our paged Llama/Qwen2 forward against ``transformers``' own model.
 
 Each case builds a small random ``transformers`` model (weights re-drawn with a spread so greedy tokens
 are not decided by rounding), saves it with ``save_pretrained`` to a temporary folder, loads it with

@@ -1,5 +1,5 @@
 """Loading models: Hugging Face folders (strict tensor check, clear errors), configs, random models,
-attention metadata and backend selection (issue 5 §1)."""
+attention metadata and backend selection."""
 
 from __future__ import annotations
 
