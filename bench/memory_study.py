@@ -13,7 +13,6 @@ the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -149,11 +148,7 @@ def run_study(cfg: StudyConfig, *, progress: bool | None = None) -> dict:
 def main(argv: list[str]) -> None:
     from pagedbench.bench import memory_plots, memory_report
 
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.memory_study", description=__doc__)
-    parser.add_argument("--full", action="store_true", help="the config's `full` sweeps")
-    parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")
-    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser = records.study_parser("python -m pagedbench.bench.memory_study", __doc__, CONFIG, env_mod.RESULTS_DIR)
     args = parser.parse_args(argv)
     cfg = load_config(args.config, full=args.full)
     doc = {"environment": env_mod.environment(), **run_study(cfg)}

@@ -7,6 +7,7 @@ renamed over the target (``os.replace`` is atomic within one file system).
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -27,3 +28,13 @@ def save_figure(fig, path: Path, **kwargs) -> None:
     """``fig.savefig`` through a temporary file (the format comes from ``path``'s suffix)."""
     fmt = Path(path).suffix.lstrip(".") or "png"
     replace_atomically(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
+
+
+def study_parser(prog: str, description: str | None, config: Path, results_dir: Path) -> argparse.ArgumentParser:
+    """The command line the config-driven studies share: ``--full``, ``--config``, ``--out``, ``--no-plots``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--full", action="store_true", help="the config's `full` sweeps")
+    parser.add_argument("--config", default=str(config), help="YAML config (default: %(default)s)")
+    parser.add_argument("--out", default=str(results_dir), help="output folder (default: results/)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return parser
