@@ -160,8 +160,9 @@ class _Accounting:
 class _Run:
     def __init__(self, trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig,
                  step_time_s: Callable[[StepShape], float], record_steps: bool, account: bool,
-                 prompt_tokens: Callable[[Request], list[int]] | None) -> None:
-        self.bm = _manager(spec, cfg)
+                 prompt_tokens: Callable[[Request], list[int]] | None,
+                 make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None) -> None:
+        self.bm = (make_manager or _manager)(spec, cfg)
         self.bs = spec.block_size
         self.total = self.bm.num_blocks * self.bs
         _check_trace(trace, cfg, self.total)
@@ -264,16 +265,18 @@ class _Run:
 def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = SimConfig(), *,
              step_time_s: Callable[[StepShape], float] | None = None, record_steps: bool = False,
              account: bool = True, prompt_tokens: Callable[[Request], list[int]] | None = None,
-             on_step: Callable[[], None] | None = None) -> SimResult:
+             on_step: Callable[[], None] | None = None,
+             make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None) -> SimResult:
     """Serve ``trace`` with ``spec``'s KV manager under ``cfg`` (see the module docstring).
 
     ``step_time_s``: each step's duration from its shape (default: ``cfg.step_s``, constant).
     ``account=False`` skips the memory accounting (shares and mean batch stay 0; the latency does not
     need them). ``prompt_tokens(request)``: the prompt's token ids (default: zeros; what matters to a
-    simulation is their number, unless prefix caching is on).
+    simulation is their number, unless prefix caching is on). ``make_manager(spec, cfg)``: builds the KV
+    manager in place of the default one for ``spec`` (a recording subclass, say).
     """
     run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
-               prompt_tokens)
+               prompt_tokens, make_manager)
     while run.step():
         if on_step is not None:
             on_step()

@@ -80,18 +80,17 @@ def measure(num_requests: int, rate: float, block_size: int = 16, kv_slots: int 
     start = time.perf_counter()
     result = simulate(trace, spec, cfg, account=False)
     sim_s = time.perf_counter() - start
-    import pagedbench.bench.serving_sim as sim_mod
+    recorders: list[_Recorder] = []
 
-    real = sim_mod.BlockManager
-    sim_mod.BlockManager = _Recorder
-    try:
-        run = sim_mod._Run(trace, spec, cfg, sim_mod.constant_step(cfg.step_s), False, False, None)
-        while run.step():
-            pass
-    finally:
-        sim_mod.BlockManager = real
-    log = run.bm.log
-    replay_s = replay(log, run.bm.num_blocks, block_size)
+    def recording(spec: AllocatorSpec, cfg: SimConfig) -> _Recorder:
+        recorders.append(_Recorder(cfg.kv_slots // spec.block_size, spec.block_size,
+                                   enable_prefix_caching=cfg.enable_prefix_caching))
+        return recorders[-1]
+
+    simulate(trace, spec, cfg, account=False, make_manager=recording)
+    (bm,) = recorders
+    log = bm.log
+    replay_s = replay(log, bm.num_blocks, block_size)
     return {"num_requests": num_requests, "rate": rate, "simulated_s": result.simulated_s,
             "generated_tokens": result.num_generated_tokens, "num_steps": result.num_steps,
             "simulation_wall_s": sim_s, "block_manager_calls": len(log), "block_manager_wall_s": replay_s,
