@@ -56,7 +56,7 @@ conformance-results: install
 
 ## Compile every kernel for sm_90 without a GPU and report register spills.
 kernels-compile-check: install
-	$(PY) -m pagedbench.kernels.compile_check
+	$(PY) -m pagedbench.kernels.compile_check --out results
 
 ## The checks only a GPU can run (one script, <= 4 minutes, results/gpu/). On a lent GPU machine it installs
 ## nothing from the network: the package is linked into the machine's own python with --no-deps.

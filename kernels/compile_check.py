@@ -4,9 +4,11 @@ tiles that spill, and a prefill that misses the tensor cores.
 
     python -m pagedbench.kernels.compile_check [--arch 90] [--dtypes fp16,bf16,fp32]   # every configuration
     python -m pagedbench.kernels.compile_check --fast                                  # one pinned one per kernel
+    python -m pagedbench.kernels.compile_check --out results     # also results/compile_check.{json,md}
 
 The full check compiles every configuration the launchers can choose on a GPU for a few representative
-shapes: the pinned decode tiles, and every prefill autotune config that ``prune_prefill_configs`` keeps.
+shapes: the pinned decode tiles, and every prefill autotune config that ``prune_prefill_configs`` keeps,
+each specialised as a launch on contiguous tensors would be (see :func:`_specialise`).
 It fails (exit status 1) when a configuration spills registers, or an fp16/bf16 prefill configuration
 has no tensor-core instruction (HMMA/HGMMA) in its SASS. ``--fast`` compiles one pinned configuration
 per kernel and dtype (the test suite runs it).
@@ -40,16 +42,78 @@ def _load_compiled(name: str):
     return module
 
 
-def _signature(fn, pointers: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
-    sig = {}
-    for arg in inspect.signature(fn.fn).parameters:
+def _strides(prefix: str, names: str, shape: tuple[int, ...]) -> dict[str, int]:
+    """``stride_<prefix>_<n>`` of a contiguous tensor of ``shape``, one name letter per dimension."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return {f"stride_{prefix}_{n}": st for n, st in zip(names.split(","), reversed(strides))}
+
+
+def _launch_values(kernel: str, group: int, head_dim: int, *, paged: bool = True, split: bool = False,
+                   block_size: int = 16) -> dict[str, int]:
+    """Representative runtime integers of a launch of ``kernel`` on contiguous tensors, as the launchers
+    pass them (8 sequences of 64 blocks, 512 query tokens, 8 KV heads, 16 splits), by argument name."""
+    kvh, splits, seqs, tokens = 8, 16, 8, 512
+    h = kvh * group
+    cache = (1024, block_size, kvh, head_dim)
+    common = {"sliding_window": 0, "block_size": block_size, "group_size": group, "head_dim": head_dim}
+    if kernel == "_decode_partial_kernel":
+        kv = cache if paged else (seqs, 8192, kvh, head_dim)
+        out = (_strides("out", "s,h,split,d", (seqs, h, splits, head_dim)) if split else
+               {**_strides("out", "s,h,d", (seqs, h, head_dim)), "stride_out_split": 0})
+        lse = (_strides("lse", "s,h,split", (seqs, h, splits)) if split else
+               {**_strides("lse", "s,h", (seqs, h)), "stride_lse_split": 0})
+        table = _strides("bt", "s,b", (seqs, 64)) if paged else {"stride_bt_s": 0, "stride_bt_b": 0}
+        return {**common, "num_splits": splits if split else 1, **_strides("q", "s,h,d", (seqs, h, head_dim)),
+                **_strides("k", "b,o,h,d", kv), **_strides("v", "b,o,h,d", kv), **table, **out, **lse}
+    if kernel == "_prefill_kernel":
+        return {**common, **_strides("q", "t,h,d", (tokens, h, head_dim)), **_strides("k", "b,o,h,d", cache),
+                **_strides("v", "b,o,h,d", cache), **_strides("bt", "s,b", (seqs, 64)),
+                **_strides("out", "t,h,d", (tokens, h, head_dim)), **_strides("lse", "t,h", (tokens, h))}
+    if kernel == "_decode_reduce_kernel":
+        return {"num_splits": splits, "head_dim": head_dim,
+                **_strides("po", "s,h,split,d", (seqs, h, splits, head_dim)),
+                **_strides("pl", "s,h,split", (seqs, h, splits)),
+                **_strides("out", "s,h,d", (seqs, h, head_dim)), **_strides("lse", "s,h", (seqs, h))}
+    caches = {**_strides("kc", "b,o,h,d", cache), **_strides("vc", "b,o,h,d", cache),
+              "block_size": block_size, "num_kv_heads": kvh, "head_dim": head_dim}
+    if kernel == "_write_kv_kernel":
+        return {**caches, "num_tokens": tokens, **_strides("k", "t,h,d", (tokens, kvh, head_dim)),
+                **_strides("v", "t,h,d", (tokens, kvh, head_dim)), **_strides("slot", "t", (tokens,))}
+    if kernel == "_copy_blocks_kernel":
+        return {**caches, **_strides("pairs", "n,c", (64, 2))}
+    raise ValueError(f"no representative launch for {kernel}")
+
+
+def _specialise(fn, pointers: dict[str, str], constexprs: dict[str, object], values: dict[str, int]):
+    """(signature, constexprs, attrs) as a launch with ``values`` compiles them.
+
+    Triton's JIT turns an integer equal to 1 into a constant and marks integers divisible by 16 and
+    16-byte-aligned pointers (every torch allocation); a unit innermost stride is what lets it vectorise
+    loads, and compiling without these reports register spills that a real launch does not have.
+    """
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, arg in enumerate(inspect.signature(fn.fn).parameters):
         if arg in constexprs:
-            sig[arg] = "constexpr"
+            sig[arg], spec = "constexpr", ""
         elif arg in pointers:
-            sig[arg] = pointers[arg]
+            sig[arg], spec = pointers[arg], "D"
+        elif arg == "scale":
+            sig[arg], spec = "fp32", ""  # floats are never specialised
         else:
-            sig[arg] = "fp32" if arg == "scale" else ("i64" if arg.startswith("stride") else "i32")
-    return sig
+            kind, spec = native_specialize_impl(BaseBackend, values[arg], False, True, True)
+            if kind == "constexpr":
+                sig[arg], consts[arg], spec = "constexpr", spec, ""
+            else:
+                sig[arg] = "i64" if arg.startswith("stride") else kind
+        if spec == "D":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 TENSOR_CORE_OPS = re.compile(r"\b(HMMA|HGMMA|WGMMA|IMMA)\b")
@@ -83,9 +147,8 @@ class _Operand:
         return self._size
 
 
-def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple[object, dict[str, str], dict[str, object],
-                                                                      int, int]]:
-    """(compiled kernel, pointer types, constexprs, num_warps, num_stages) for the launchers' GPU
+def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
+    """(compiled kernel, pointer types, constexprs, num_warps, num_stages, runtime integers) for the launchers' GPU
     configurations (``fast``: one pinned configuration per kernel); ``attn_k`` and ``cache_k`` are the
     freshly loaded kernel modules."""
     from pagedbench.kernels import attention, cache_ops  # the tile choices
@@ -107,25 +170,31 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple[object, dict[s
         variants = [(True, attn_ptrs, 16)] if fast else [(True, attn_ptrs, 16), (True, split_ptrs, 16),
                                                           (True, attn_ptrs, 0), (False, attn_ptrs, 0)]
         for paged, ptrs, block_size in variants:
+            # BLOCK_SIZE 0 is the generic path, taken for a block size that is not a power of two
+            values = _launch_values("_decode_partial_kernel", group, head_dim, paged=paged,
+                                    split=ptrs is split_ptrs, block_size=block_size or 24)
             cases.append((attn_k._decode_partial_kernel, ptrs, {
                 "PAGED": paged, "USE_DOT": t.use_dot, "BLOCK_SIZE": block_size, "BLOCK_G": t.block_g,
-                "BLOCK_N": t.block_n, "BLOCK_D": t.block_d}, t.num_warps, 3))
+                "BLOCK_N": t.block_n, "BLOCK_D": t.block_d}, t.num_warps, 3, values))
         pinned = attention.prefill_tiles(group, head_dim, 512, False, True, element_size)
         fixed = {"USE_DOT": True, "BLOCK_SIZE": 16, "BLOCK_G": pinned.block_g, "BLOCK_D": pinned.block_d}
         if fast:
-            configs = [(pinned.block_r, pinned.block_n, pinned.num_warps, 3)]
+            configs = [(pinned.block_r, pinned.block_n, pinned.num_warps, 2)]  # the stages of PREFILL_CONFIGS
         else:
             kept = attn_k.prune_prefill_configs(attn_k.PREFILL_CONFIGS, {"q_ptr": _Operand(element_size)},
                                                 **fixed)
             configs = [(c.kwargs["BLOCK_R"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept]
         for rows, keys, warps, stages in configs:
             cases.append((attn_k._prefill_kernel, attn_ptrs, {**fixed, "BLOCK_R": rows, "BLOCK_N": keys},
-                          warps, stages))
-    cases.append((attn_k._decode_reduce_kernel, reduce_ptrs, {"BLOCK_SPLITS": 16, "BLOCK_D": 128}, 4, 3))
+                          warps, stages, _launch_values("_prefill_kernel", group, head_dim)))
+    cases.append((attn_k._decode_reduce_kernel, reduce_ptrs, {"BLOCK_SPLITS": 16, "BLOCK_D": 128}, 4, 3,
+                  _launch_values("_decode_reduce_kernel", 4, 128)))
     t, hd = cache_ops.write_kv_tiles(8, 128, interpret=False)
-    cases.append((cache_k._write_kv_kernel, cache_ptrs, {"BLOCK_T": t, "BLOCK_HD": hd}, 4, 3))
+    cases.append((cache_k._write_kv_kernel, cache_ptrs, {"BLOCK_T": t, "BLOCK_HD": hd}, 4, 3,
+                  _launch_values("_write_kv_kernel", 4, 128)))
     block = cache_ops.copy_blocks_tile(16 * 8 * 128, False)
-    cases.append((cache_k._copy_blocks_kernel, cache_ptrs, {"BLOCK": block}, 4, 3))
+    cases.append((cache_k._copy_blocks_kernel, cache_ptrs, {"BLOCK": block}, 4, 3,
+                  _launch_values("_copy_blocks_kernel", 4, 128)))
     return cases
 
 
@@ -136,6 +205,7 @@ def _compile_all(argv: list[str]) -> int:
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90: H100/H200)")
     parser.add_argument("--dtypes", default="fp16,bf16,fp32")
     parser.add_argument("--fast", action="store_true", help="one pinned configuration per kernel and dtype")
+    parser.add_argument("--out", help="also write compile_check.{json,md} into this folder (e.g. results)")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     attn_k, cache_k = _load_compiled("attention_kernels"), _load_compiled("cache_kernels")
@@ -148,25 +218,69 @@ def _compile_all(argv: list[str]) -> int:
     from triton.compiler import ASTSource
 
     target = GPUTarget("cuda", args.arch, 32)
-    problems = []
+    problems, rows = [], []
     count = 0
     for dtype in args.dtypes.split(","):
-        for fn, ptrs, consts, warps, stages in _cases(dtype, attn_k, cache_k, args.fast):
-            src = ASTSource(fn, _signature(fn, ptrs, consts), constexprs=consts)
+        for fn, ptrs, consts, warps, stages, values in _cases(dtype, attn_k, cache_k, args.fast):
+            sig, all_consts, attrs = _specialise(fn, ptrs, consts, values)
+            src = ASTSource(fn, sig, constexprs=all_consts, attrs=attrs)
             compiled = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
             regs, stack, tensor_ops = _resources(compiled.asm["cubin"])
             name = f"sm_{args.arch} {dtype} {fn.fn.__name__} out={ptrs.get('out_ptr', '-')} {consts} " \
                    f"warps={warps} stages={stages}"
             print(f"{name}: registers {regs}, stack {stack} bytes, tensor-core instructions {tensor_ops}")
             count += 1
+            found = []
             if stack != 0:
-                problems.append(f"{name}: spills ({stack} bytes of stack)")
+                found.append(f"spills ({stack} bytes of stack)")
             if fn.fn.__name__ == "_prefill_kernel" and dtype != "fp32" and tensor_ops == 0:
-                problems.append(f"{name}: no tensor-core instruction")
+                found.append("no tensor-core instruction")
+            problems += [f"{name}: {f}" for f in found]
+            rows.append({"dtype": dtype, "kernel": fn.fn.__name__, "out": ptrs.get("out_ptr", "-"),
+                         "constexprs": {k: v for k, v in consts.items()}, "num_warps": warps,
+                         "num_stages": stages, "registers": regs, "stack_bytes": stack,
+                         "tensor_core_instructions": tensor_ops, "problems": found})
     print(f"compiled {count} configuration(s); {len(problems)} problem(s)")
     for p in problems:
         print(f"PROBLEM {p}")
+    if args.out:
+        _write_report(Path(args.out), args, rows)
     return 1 if problems else 0
+
+
+def _write_report(out: Path, args, rows: list[dict]) -> None:
+    import json
+
+    from pagedbench.conformance.gate_environment import host_environment  # imports no kernel
+    from pagedbench.conformance.report_files import write_atomically
+    from tabulate import tabulate
+
+    env = host_environment()
+    doc = {"environment": env, "arch": args.arch, "fast": args.fast, "configurations": rows}
+    table = [[r["dtype"], r["kernel"].strip("_"), ", ".join(f"{k}={v}" for k, v in r["constexprs"].items()),
+              r["num_warps"], r["num_stages"], r["registers"], r["stack_bytes"], r["tensor_core_instructions"],
+              "; ".join(r["problems"]) or "ok"] for r in rows]
+    bad = sum(bool(r["problems"]) for r in rows)
+    commit = (env["git"]["commit"] or "unknown")[:12] + (" (dirty)" if env["git"]["dirty"] else "")
+    text = "\n".join([
+        f"# Kernels compiled for sm_{args.arch}", "",
+        "Generated by `make kernels-compile-check` (`python -m pagedbench.kernels.compile_check --out results`)"
+        " on a machine without a GPU, with Triton's own ptxas and cuobjdump; do not edit.", "",
+        "Every configuration the launchers can choose on a GPU for a few representative shapes (head_dim 64/128/"
+        "256, GQA groups 1-8; the prefill autotune configs that `prune_prefill_configs` keeps), compiled with"
+        " the specialisation a launch on contiguous tensors gets (unit strides as constants, 16-divisible"
+        " integers and aligned pointers marked). A configuration fails on a register spill (stack), or, for"
+        " fp16/bf16 prefill, on having no tensor-core instruction (HMMA/HGMMA) in its SASS.", "",
+        f"**{len(rows) - bad} of {len(rows)} configurations pass.**", "",
+        tabulate(table, ["dtype", "kernel", "constexprs", "warps", "stages", "registers", "stack (B)",
+                         "tensor-core instr.", "verdict"], tablefmt="github"), "",
+        "## Environment", "",
+        f"- machine: {env['machine']['cpu']} ({env['machine']['cpu_count']} cores), no GPU",
+        f"- versions: python {env['versions']['python']}, triton {env['versions']['triton']}",
+        f"- commit: {commit}, generated {env['created_utc']}", ""])
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / "compile_check.json", json.dumps(doc, indent=1) + "\n")
+    write_atomically(out / "compile_check.md", text)
 
 
 def main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ The full sweep over every configuration the launchers can choose is ``python -m 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_fast_compile_check_passes():
+def test_fast_compile_check_passes(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
-    run = subprocess.run([sys.executable, "-m", "pagedbench.kernels.compile_check", "--fast"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "pagedbench.kernels.compile_check", "--fast", "--out",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     prefill = [line for line in run.stdout.splitlines() if "_prefill_kernel" in line and "fp32" not in line]
     assert len(prefill) == 2 and all("tensor-core instructions 0" not in line for line in prefill), prefill
+    report = json.loads((tmp_path / "compile_check.json").read_text())
+    rows = report["configurations"]
+    assert len(rows) == 15 and all(r["stack_bytes"] == 0 and not r["problems"] for r in rows)
+    assert "**15 of 15 configurations pass.**" in (tmp_path / "compile_check.md").read_text()
