@@ -84,8 +84,10 @@ def load_kernel_module(dotted: str, stand_ins: dict[str, dict[str, object]]) -> 
 
     Each parent package becomes an empty package whose ``__path__`` is the real folder (so the module's
     relative imports find their real sibling files); ``stand_ins`` maps the other modules it imports to
-    their attributes. A module already loaded is returned as is.
+    their attributes. A module already loaded is returned as is. Triton's interpreter is switched on
+    first where there is no GPU (:func:`use_interpreter_without_gpu`).
     """
+    use_interpreter_without_gpu()
     if dotted in sys.modules:
         return sys.modules[dotted]
     parts = dotted.split(".")
@@ -103,6 +105,7 @@ def load_kernel_module(dotted: str, stand_ins: dict[str, dict[str, object]]) -> 
 
 def triton_stand_in() -> dict[str, object]:
     """``vllm.triton_utils``: ``triton`` and ``triton.language`` themselves."""
+    use_interpreter_without_gpu()  # before triton's first import
     import triton
     import triton.language as tl
 
