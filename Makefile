@@ -117,6 +117,7 @@ conformance-matrix: install
 	    OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PEERS_VENV)/bin/python -m pagedbench.conformance --impl $${peer%%:*} \
 	      --load pagedbench.conformance.peers.$${peer##*:} $(MATRIX_ARGS) || true; \
 	  done; \
+	  $(PEERS_VENV)/bin/python -m pagedbench.conformance.peers.findings --out results/conformance/findings.md; \
 	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
 	    $(foreach p,$(MATRIX_PEERS),--impl $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
 	else \
