@@ -128,7 +128,8 @@ conformance-matrix: install
 ## Outside implementations for the conformance matrix and the host-cost bench. Their wheels pin other
 ## torch versions, so they get a venv of their own, installed without dependencies against our torch
 ## (their Triton kernels and block managers are pure Python); the gate and the bench drive it in a
-## subprocess.
+## subprocess. pagedbench goes in too (--no-deps, editable, with the gate's pytest plugins), so the gate and
+## its workers run on that venv's interpreter: `.peers/bin/python -m pagedbench.conformance --impl ...`.
 PEERS_VENV ?= .peers
 VLLM_VERSION ?= 0.11.0
 SGLANG_VERSION ?= 0.5.3
