@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedbench.conformance import report_files
+from pagedbench.conformance.gate_environment import environment
 from pagedbench.conformance.peers import _package_dir, sglang_decode, version_of, vllm_paged_decode, vllm_unified
 
 
@@ -261,14 +262,16 @@ def render(findings: tuple[Finding, ...]) -> str:
         f"vllm {version_of('vllm')}, sglang {version_of('sglang')}, torch {torch.__version__}, "
         f"triton {triton.__version__}, Python {platform.python_version()}"
     )
+    git = environment(None)["git"]
+    commit = f"{git['commit'] or '?'}" + (" (dirty)" if git["dirty"] else "")
     interpreted = "on the CPU under Triton's interpreter" if not torch.cuda.is_available() else "on the GPU"
     out = [
         "# Findings in the outside kernels",
         "",
         "Written by `python -m pagedbench.conformance.peers.findings` (`make conformance-matrix`): each "
         "reproduction below was run as shown, " + interpreted + f", with {versions}; the output is what it "
-        "printed. Argument validation (none of these kernels checks its arguments) is in the matrix's "
-        "validation column; bfloat16 misses under the interpreter are not findings.",
+        f"printed (pagedbench commit {commit}). Argument validation (none of these kernels checks its "
+        "arguments) is in the matrix's validation column; bfloat16 misses under the interpreter are not findings.",
         "",
         "```python",
         inspect.getsource(attend).rstrip(),
