@@ -208,8 +208,9 @@ FINDINGS = (
         "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent) and "
         "passes its first element, so a model with a window of W keys sees W - 1 of them on this path, while "
         "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. The "
-        "`vllm-paged-decode` adapter passes what that backend passes, so its sliding-window cases fail in the "
-        "matrix; with `sliding_window=W` the kernel matches the oracle.",
+        "`vllm-paged-decode` adapter passes what that backend passes, so its sliding-window cases are wrong "
+        "in the matrix too (where finding 1's NaN, when the last block is partial, is reported first); with "
+        "`sliding_window=W` the kernel matches the oracle.",
         vllm_rocm_window_is_one_key_short,
         (
             ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),
