@@ -1,4 +1,5 @@
-"""The outside adapters import in the peers venv (``make peers``) and give right answers on one tiny decode.
+"""The outside adapters import in the peers venv (``make peers``), give right answers on one tiny decode,
+record their peer's version and whether Triton interprets, and load none of our kernels.
 
 Skipped where that venv is absent or lacks pagedbench (the matrix then shows "not installed" rows). One
 subprocess runs every adapter on the same two-sequence case and reports its error against the float64
@@ -37,6 +38,7 @@ for name in names:
     out = impl.paged_decode(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, scale=x.scale)
     report[name] = {"max_abs_err": float((out.double() - ref.out).abs().max()), "describe": impl.describe()}
 report["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET")
+report["our_kernels"] = [m for m in sys.modules if m.startswith("pagedbench.kernels")]
 print(json.dumps(report))
 """
 
@@ -64,6 +66,7 @@ def test_each_adapter_matches_the_oracle_in_the_peers_venv():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["our_kernels"] == []  # the outside adapters never load ours
     for name in ADAPTERS:
         assert report[name]["max_abs_err"] < 1e-2, (name, report[name])
         described = report[name]["describe"]
