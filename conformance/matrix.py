@@ -104,10 +104,14 @@ def classify(nodeid: str, entry: dict, *, interpreter: bool) -> str:
     return "crashed" if outcome == "crashed" else "fail"
 
 
-def reason_of(entry: dict) -> str:
-    """The first non-empty line of the case's message, shortened."""
+def reason_of(entry: dict, case: str = "") -> str:
+    """The first non-empty line of the case's message, shortened: without the exception name of an
+    assertion, nor the case id the message repeats (``case``, the test's id, holds it)."""
     lines = [ln.strip() for ln in str(entry.get("message", "")).splitlines() if ln.strip()]
-    text = lines[0] if lines else entry["outcome"]
+    text = lines[0].removeprefix("AssertionError: ") if lines else entry["outcome"]
+    head, sep, rest = text.partition(": ")
+    if sep and "/" in head and head in case:
+        text = rest
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
 
 
@@ -143,7 +147,7 @@ def summarize_implementation(name: str, summary: dict, junit_path: Path) -> dict
                     "case": testcase,
                     "property": prop,
                     "outcome": entry["outcome"],
-                    "reason": reason_of(entry),
+                    "reason": reason_of(entry, testcase),
                     "junit_line": lines.get(escape(testcase, {'"': "&quot;"})),
                 }
             )
