@@ -105,15 +105,17 @@ clean:
 ## interpreter, then for each outside implementation with the peers venv's (`make peers` installs pagedbench
 ## there with --no-deps, and the gate and its workers run there: their Triton kernels need that venv's
 ## packages, and its Triton interpreter on a CPU); a peer whose venv is absent gets a "not installed" row.
+## A gate that cannot start leaves no stale file behind: its row says "no result".
 ## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
 MATRIX_OURS ?= triton torch torch-batched
 MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode sglang-decode:sglang_decode
 MATRIX_ARGS ?=
 MATRIX_NOTE ?=
 conformance-matrix: install
-	for impl in $(MATRIX_OURS); do OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl $(MATRIX_ARGS) || true; done
+	for impl in $(MATRIX_OURS); do rm -f results/conformance/$$impl.json; OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl $(MATRIX_ARGS) || true; done
 	if [ -x $(PEERS_VENV)/bin/python ]; then \
 	  for peer in $(MATRIX_PEERS); do \
+	    rm -f results/conformance/$${peer%%:*}.json; \
 	    OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PEERS_VENV)/bin/python -m pagedbench.conformance --impl $${peer%%:*} \
 	      --load pagedbench.conformance.peers.$${peer##*:} $(MATRIX_ARGS) || true; \
 	  done; \
