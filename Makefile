@@ -16,7 +16,7 @@ STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
 
-.PHONY: peers gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 install: $(STAMP)
 
@@ -101,10 +101,37 @@ format: install
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .benchmarks *.egg-info
 
+## The conformance matrix (results/conformance/matrix.md, matrix.json): the gate for each of ours with our
+## interpreter, then for each outside implementation with the peers venv's (`make peers` installs pagedbench
+## there with --no-deps, and the gate and its workers run there: their Triton kernels need that venv's
+## packages, and its Triton interpreter on a CPU); a peer whose venv is absent gets a "not installed" row.
+## A gate that cannot start leaves no stale file behind: its row says "no result".
+## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
+MATRIX_OURS ?= triton torch torch-batched
+MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode sglang-decode:sglang_decode
+MATRIX_ARGS ?=
+MATRIX_NOTE ?=
+conformance-matrix: install
+	for impl in $(MATRIX_OURS); do rm -f results/conformance/$$impl.json; OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl $(MATRIX_ARGS) || true; done
+	if [ -x $(PEERS_VENV)/bin/python ]; then \
+	  for peer in $(MATRIX_PEERS); do \
+	    rm -f results/conformance/$${peer%%:*}.json; \
+	    OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PEERS_VENV)/bin/python -m pagedbench.conformance --impl $${peer%%:*} \
+	      --load pagedbench.conformance.peers.$${peer##*:} $(MATRIX_ARGS) || true; \
+	  done; \
+	  $(PEERS_VENV)/bin/python -m pagedbench.conformance.peers.findings --out results/conformance/findings.md; \
+	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
+	    $(foreach p,$(MATRIX_PEERS),--impl $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
+	else \
+	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
+	    $(foreach p,$(MATRIX_PEERS),--not-installed $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
+	fi
+
 ## Outside implementations for the conformance matrix and the host-cost bench. Their wheels pin other
 ## torch versions, so they get a venv of their own, installed without dependencies against our torch
 ## (their Triton kernels and block managers are pure Python); the gate and the bench drive it in a
-## subprocess.
+## subprocess. pagedbench goes in too (--no-deps, editable, with the gate's pytest plugins), so the gate and
+## its workers run on that venv's interpreter: `.peers/bin/python -m pagedbench.conformance --impl ...`.
 PEERS_VENV ?= .peers
 VLLM_VERSION ?= 0.11.0
 SGLANG_VERSION ?= 0.5.3
@@ -115,4 +142,6 @@ $(PEERS_VENV)/.installed:
 	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 "triton==$$($(PY) -c 'import triton; print(triton.__version__)' 2>/dev/null || echo 3.9.0)" numpy
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
+	$(PEERS_VENV)/bin/python -m pip install -q pytest pytest-timeout hypothesis pyyaml tabulate
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@

@@ -1,0 +1,315 @@
+"""Minimal reproductions of what the matrix found in the outside kernels, run and written to ``findings.md``.
+
+``.peers/bin/python -m pagedbench.conformance.peers.findings [--out results/conformance/findings.md]``
+(part of ``make conformance-matrix``). Each finding is a function calling the peer's kernel directly on a
+few hand-made tensors, with the import lines a full vLLM / SGLang install would use (here the kernel files
+are loaded first by ``conformance.peers.load_kernel_module``, so those lines find them). The file shows
+each function's source and what it printed on this machine, beside the peer source lines it points at
+(read from the installed files), so nothing in it is written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import io
+import platform
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagedbench.conformance import report_files
+from pagedbench.conformance.gate_environment import environment
+from pagedbench.conformance.peers import _package_dir, sglang_decode, version_of, vllm_paged_decode, vllm_unified
+
+
+def attend(q, k, v, scale):
+    """Float64 reference for one decode query: q [heads, d]; k, v [n, kv_heads, d] (n may be 0: gives 0)."""
+    import torch
+
+    q, k, v = q.double(), k.double(), v.double()
+    if k.shape[0] == 0:
+        return torch.zeros_like(q)
+    group = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [n, heads, d]
+    p = torch.softmax(torch.einsum("hd,nhd->hn", q, k) * scale, dim=-1)
+    return torch.einsum("hn,nhd->hd", p, v)
+
+
+def vllm_paged_decode_reads_unused_slots():
+    import torch
+    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+
+    torch.manual_seed(0)
+    heads, kv_heads, d, block_size, seq_len = 4, 2, 64, 16, 3
+    q = torch.randn(1, heads, d, dtype=torch.float16)
+    k = torch.randn(1, block_size, kv_heads, d, dtype=torch.float16)  # one block: [blocks, slots, kv_heads, d]
+    v = torch.randn_like(k)
+    x = 16 // k.element_size()
+    scale = d**-0.5
+
+    def run(k, v):
+        out, one = torch.empty_like(q), torch.ones(1)
+        chunked_prefill_paged_decode(
+            query=q,
+            key=q[:, :kv_heads],
+            value=q[:, :kv_heads],
+            output=out,
+            kv_cache_dtype="auto",
+            key_cache=k.view(1, block_size, kv_heads, d // x, x).permute(0, 2, 3, 1, 4),  # [b, kv, d/x, slot, x]
+            value_cache=v.permute(0, 2, 3, 1),  # [b, kv, d, slot]
+            block_table=torch.tensor([[0]], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+            max_seq_len=seq_len,
+            max_query_len=1,
+            k_scale=one,
+            v_scale=one,
+            sm_scale=scale,
+        )
+        return out
+
+    want = attend(q[0], k[0, :seq_len], v[0, :seq_len], scale)
+    print("finite values in slots 3..15: max |error| =", f"{(run(k, v)[0].double() - want).abs().max().item():.1e}")
+    k[0, seq_len:], v[0, seq_len:] = float("nan"), float("nan")  # slots past the sequence's 3 tokens
+    print("NaN in slots 3..15 (never part of the sequence): output has NaN =", run(k, v).isnan().any().item())
+
+
+def vllm_rocm_window_is_one_key_short():
+    import torch
+    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+
+    torch.manual_seed(0)
+    heads, kv_heads, d, block_size, seq_len, window = 4, 2, 64, 16, 12, 5
+    q = torch.randn(1, heads, d, dtype=torch.float16)
+    k = torch.randn(1, block_size, kv_heads, d, dtype=torch.float16)
+    v = torch.randn_like(k)
+    x, scale = 16 // k.element_size(), d**-0.5
+
+    def run(sliding_window):
+        out, one = torch.empty_like(q), torch.ones(1)
+        chunked_prefill_paged_decode(
+            query=q,
+            key=q[:, :kv_heads],
+            value=q[:, :kv_heads],
+            output=out,
+            kv_cache_dtype="auto",
+            key_cache=k.view(1, block_size, kv_heads, d // x, x).permute(0, 2, 3, 1, 4),
+            value_cache=v.permute(0, 2, 3, 1),
+            block_table=torch.tensor([[0]], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+            seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+            max_seq_len=seq_len,
+            max_query_len=1,
+            k_scale=one,
+            v_scale=one,
+            sliding_window=sliding_window,
+            sm_scale=scale,
+        )
+        return out[0].double()
+
+    for keys in (window, window - 1):  # attention over the last `keys` tokens
+        ref = attend(q[0], k[0, seq_len - keys : seq_len], v[0, seq_len - keys : seq_len], scale)
+        for arg in (window, window - 1):
+            print(
+                f"sliding_window={arg}: max |error| against the last {keys} keys = {(run(arg) - ref).abs().max():.1e}"
+            )
+
+
+def zero_length_sequence_gives_nan():
+    import torch
+    from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+    from vllm.attention.ops.triton_unified_attention import unified_attention
+
+    torch.manual_seed(0)
+    heads, kv_heads, d, block_size = 4, 2, 64, 16
+    lens = torch.tensor([0, 5], dtype=torch.int32)  # the first sequence has no token yet
+    q = torch.randn(2, heads, d, dtype=torch.float16)
+    k = torch.randn(2, block_size, kv_heads, d, dtype=torch.float16)  # sequence s uses block s
+    v = torch.randn_like(k)
+    scale = d**-0.5
+
+    out = torch.empty_like(q)
+    descale = torch.ones(2, kv_heads)
+    unified_attention(
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens_q=torch.arange(3, dtype=torch.int32),
+        max_seqlen_q=1,
+        seqused_k=lens,
+        max_seqlen_k=5,
+        softmax_scale=scale,
+        causal=True,
+        window_size=(-1, -1),
+        block_table=torch.tensor([[0], [1]], dtype=torch.int32),
+        softcap=0.0,
+        q_descale=None,
+        k_descale=descale,
+        v_descale=descale,
+    )
+    print("vLLM unified_attention, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+
+    out, splits = torch.empty_like(q), 8
+    decode_attention_fwd(
+        q,
+        k.view(-1, kv_heads, d),
+        v.view(-1, kv_heads, d),
+        out,
+        kv_indptr=torch.tensor([0, 0, 5], dtype=torch.int32),
+        kv_indices=torch.arange(block_size, block_size + 5),  # block 1's slots
+        attn_logits=torch.empty(2, heads, splits, d),
+        attn_lse=torch.empty(2, heads, splits),
+        num_kv_splits=torch.full((2,), splits, dtype=torch.int32),
+        max_kv_splits=splits,
+        sm_scale=scale,
+    )
+    print("SGLang decode_attention_fwd, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+    print(
+        "the non-empty row is right (max |error|):",
+        f"{(out[1].double() - attend(q[1], k[1, :5], v[1, :5], scale)).abs().max():.1e}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One finding: a title, whether it is a bug, what it means, its reproduction and the peer lines it cites."""
+
+    title: str
+    kind: str  # "bug" or "limitation"
+    summary: str
+    reproduce: Callable[[], None]
+    cites: tuple[tuple[str, str], ...] = ()  # (installed file relative to site-packages, text on the line)
+
+
+FINDINGS = (
+    Finding(
+        "vLLM `chunked_prefill_paged_decode`: decode reads the unused slots of each sequence's last block",
+        "bug",
+        "`kernel_paged_attention_2d` loads K and V for every slot of a block (its loads are masked by head "
+        "dimension only) and masks the scores afterwards, so a NaN or infinity left in a slot past the "
+        "sequence's length (a reused block, an uninitialised cache) turns the whole output row into NaN: "
+        "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` in the same release masks these "
+        "loads (`tile_mask`) and is not affected. Every decode case of the matrix whose last block is partial "
+        "fails this way for `vllm-paged-decode`.",
+        vllm_paged_decode_reads_unused_slots,
+        (
+            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "K_load = tl.load(key_cache_ptr + k_offset,"),
+            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "V_load = tl.load(value_cache_ptr + v_offset,"),
+        ),
+    ),
+    Finding(
+        "vLLM ROCm attention backend: a sliding window of W keys attends to W - 1",
+        "bug",
+        "`chunked_prefill_paged_decode(sliding_window=N)` attends to the last N keys (`context_len - pos < N`), "
+        "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent) and "
+        "passes its first element, so a model with a window of W keys sees W - 1 of them on this path, while "
+        "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. The "
+        "`vllm-paged-decode` adapter passes what that backend passes, so its sliding-window cases are wrong "
+        "in the matrix too (where finding 1's NaN, when the last block is partial, is reported first); with "
+        "`sliding_window=W` the kernel matches the oracle.",
+        vllm_rocm_window_is_one_key_short,
+        (
+            ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),
+            ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=self.sliding_window[0],"),
+            ("vllm/v1/attention/backends/rocm_attn.py", "window_size=self.sliding_window,"),
+        ),
+    ),
+    Finding(
+        "vLLM `unified_attention` and SGLang `decode_attention_fwd`: a sequence of length 0 gives NaN",
+        "limitation",
+        "Both divide by a softmax sum that is 0 when a sequence has no key (vLLM's 3-D decode path, "
+        "`tiles_per_segment = 0`; SGLang's stage 2, `acc / e_sum` with `e_sum = 0`); our contract defines "
+        "that row as 0 (`chunked_prefill_paged_decode` gives 0). Their own callers never pass such a row: "
+        "padded CUDA-graph batches get length 1 (cited below), so this is a difference of contract, not a "
+        "bug in their servers; an engine that pads with length 0 would get NaN rows.",
+        zero_length_sequence_gives_nan,
+        (
+            ("vllm/v1/attention/backends/triton_attn.py", "attn_metadata.seq_lens.fill_(1)"),
+            ("sglang/srt/layers/attention/triton_backend.py", "def get_cuda_graph_seq_len_fill_value(self):"),
+        ),
+    ),
+)
+
+
+def _cite(relative: str, text: str) -> str:
+    """The installed peer file's line containing ``text``, with its number."""
+    top, _, rest = relative.partition("/")
+    path = _package_dir(top) / rest
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if text in line:
+            return f"- `{relative}:{number}`: `{line.strip()}`"
+    return f"- `{relative}`: (no line containing `{text}` in the installed file)"
+
+
+def _run(fn: Callable[[], None]) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            fn()
+        except Exception:  # a reproduction that raises shows the traceback as its output
+            buffer.write(traceback.format_exc(limit=3))
+    return buffer.getvalue().rstrip()
+
+
+def render(findings: tuple[Finding, ...]) -> str:
+    import torch
+    import triton
+
+    versions = (
+        f"vllm {version_of('vllm')}, sglang {version_of('sglang')}, torch {torch.__version__}, "
+        f"triton {triton.__version__}, Python {platform.python_version()}"
+    )
+    git = environment(None)["git"]
+    commit = f"{git['commit'] or '?'}" + (" (dirty)" if git["dirty"] else "")
+    interpreted = "on the CPU under Triton's interpreter" if not torch.cuda.is_available() else "on the GPU"
+    out = [
+        "# Findings in the outside kernels",
+        "",
+        "Written by `python -m pagedbench.conformance.peers.findings` (`make conformance-matrix`): each "
+        "reproduction below was run as shown, " + interpreted + f", with {versions}; the output is what it "
+        f"printed (pagedbench commit {commit}). Argument validation (none of these kernels checks its "
+        "arguments) is in the matrix's validation column; bfloat16 misses under the interpreter are not findings.",
+        "",
+        "```python",
+        inspect.getsource(attend).rstrip(),
+        "```",
+        "",
+    ]
+    for number, finding in enumerate(findings, start=1):
+        out += [f"## {number}. {finding.title} ({finding.kind})", "", finding.summary, ""]
+        if finding.cites:
+            out += ["Where:", "", *(_cite(rel, text) for rel, text in finding.cites), ""]
+        out += [
+            "```python",
+            inspect.getsource(finding.reproduce).rstrip(),
+            "```",
+            "",
+            "Output:",
+            "",
+            "```",
+            _run(finding.reproduce),
+            "```",
+            "",
+        ]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedbench.conformance.peers.findings", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/conformance/findings.md"))
+    args = parser.parse_args(argv)
+    for module in (vllm_unified, vllm_paged_decode, sglang_decode):
+        module.load()  # the kernel files, so that the reproductions' import lines find them
+    report_files.write_atomically(args.out, render(FINDINGS))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""SGLang's Triton decode attention (``sglang/srt/layers/attention/triton_ops/decode_attention.py``).
+
+``decode_attention_fwd`` reads a token-indexed KV pool, ``k_buffer[token, kv_head, :]``, through CSR
+indices: the tokens of sequence s are ``kv_indices[kv_indptr[s]:kv_indptr[s + 1]]``. Our cache is that
+pool seen as ``k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)`` (a token's row is its
+slot), so nothing is copied; the indices are the slots of each sequence's positions, from its block
+table::
+
+    kv_indices = [table[s][p // block_size] * block_size + p % block_size for s, p in ...]
+
+as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A sliding window of W keys keeps the
+last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_buffer`` does.
+``num_splits`` is SGLang's per-sequence ``num_kv_splits`` (default 8, its
+``triton_attention_num_kv_splits``); the split outputs go to float32 scratch buffers
+``[num_seqs, num_heads, splits, head_dim]`` as in the backend. No LSE is returned.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagedbench.conformance.adapter import Capabilities, register
+from pagedbench.conformance.peers import (
+    PeerImplementation,
+    default_scale,
+    host_lengths,
+    load_kernel_module,
+    refuse_lse,
+)
+
+KERNEL_MODULE = "sglang.srt.layers.attention.triton_ops.decode_attention"
+DEFAULT_KV_SPLITS = 8
+
+
+def load():
+    # decode_attention.py imports only is_hip from sglang.srt.utils (whose package pulls in the server)
+    return load_kernel_module(KERNEL_MODULE, {"sglang.srt.utils": {"is_hip": lambda: False}})
+
+
+def token_indices(
+    block_tables: torch.Tensor, lens: list[int], block_size: int, sliding_window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indptr int32 ``[num_seqs + 1]``, kv_indices int64): each sequence's slots in position order."""
+    tables = block_tables.cpu().to(torch.int64)
+    parts, indptr = [], [0]
+    for s, n in enumerate(lens):
+        first = 0 if sliding_window is None else n - min(n, sliding_window)
+        pos = torch.arange(first, n, dtype=torch.int64)
+        parts.append(tables[s, pos // block_size] * block_size + pos % block_size)
+        indptr.append(indptr[-1] + n - first)
+    indices = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+    return torch.tensor(indptr, dtype=torch.int32), indices
+
+
+@register("sglang-decode")
+class SglangDecodeAttention(PeerImplementation):
+    """SGLang decode_attention_fwd (Triton): sglang/srt/layers/attention/triton_ops/decode_attention.py"""
+
+    distribution = "sglang"
+    capabilities = Capabilities(returns_lse=False)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel = load().decode_attention_fwd
+
+    def paged_decode(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        *,
+        scale=None,
+        sliding_window=None,
+        num_splits=None,
+        out=None,
+        return_lse=False,
+    ):
+        refuse_lse(self.name, return_lse)
+        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        indptr, indices = token_indices(block_tables, host_lengths(seq_lens), block_size, sliding_window)
+        splits = DEFAULT_KV_SPLITS if num_splits is None else num_splits
+        num_seqs, num_heads = q.shape[:2]
+        dev = q.device
+        out = torch.empty_like(q) if out is None else out
+        logits = torch.empty(num_seqs, num_heads, splits, v_cache.shape[-1], dtype=torch.float32, device=dev)
+        lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=dev)
+        self._kernel(
+            q,
+            k_cache.view(num_blocks * block_size, num_kv_heads, head_dim),
+            v_cache.view(num_blocks * block_size, num_kv_heads, v_cache.shape[-1]),
+            out,
+            indptr.to(dev),
+            indices.to(dev),
+            logits,
+            lse,
+            torch.full((num_seqs,), splits, dtype=torch.int32, device=dev),
+            splits,
+            default_scale(q, scale),
+        )
+        return out

@@ -1,0 +1,117 @@
+"""vLLM's ``chunked_prefill_paged_decode`` (``vllm/attention/ops/chunked_prefill_paged_decode.py``) for decode.
+
+Its decode rows run ``kernel_paged_attention_2d``, one program per (sequence, KV head) over whole blocks,
+on the older paged-attention cache layout::
+
+    key_cache   [num_blocks, num_kv_heads, head_size // x, block_size, x]    x = 16 // element size
+    value_cache [num_blocks, num_kv_heads, head_size, block_size]
+
+The kernel takes every stride, so our ``[num_blocks, block_size, num_kv_heads, head_size]`` caches are
+handed over as permuted views of the same memory (nothing is copied)::
+
+    key_cache   = k_cache.view(nb, bs, hkv, d // x, x).permute(0, 2, 3, 1, 4)
+    value_cache = v_cache.permute(0, 2, 3, 1)
+
+The arguments are those of vLLM's ``ROCM_ATTN`` backend (``RocmAttentionImpl.forward``), the one that
+calls this function: ``kv_cache_dtype="auto"``, unit ``k_scale``/``v_scale`` tensors, and
+``sliding_window = W - 1`` for a window of W keys (its ``self.sliding_window = (W - 1, 0)``, element 0).
+Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16 (and powers of
+two: the kernel's ``tl.arange(0, BLOCK_SIZE)``). No LSE, no split count. The backend accepts head sizes
+32, 64, ..., 256; the kernel pads any head size to a power of two and is judged on all of the suite's (a
+head-size check here would also hide how the kernel treats the validation cases' bad arguments). Prefill
+rows go to another kernel (``context_attention_fwd``), not adapted here.
+
+Under Triton's interpreter the kernel's ``tl.int64`` stride annotations are ignored (the interpreter
+types every integer argument by its value, int32 when it fits), so ``block id * stride`` wraps past 2^31
+elements and the process segfaults where the compiled kernel computes in 64 bits: caches that large are
+"not supported" under the interpreter and judged on a GPU only.
+"""
+
+from __future__ import annotations
+
+import torch
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.peers import (
+    PeerImplementation,
+    default_scale,
+    host_lengths,
+    load_kernel_module,
+    refuse_lse,
+    vllm_stand_ins,
+)
+
+KERNEL_MODULE = "vllm.attention.ops.chunked_prefill_paged_decode"
+BLOCK_SIZES = frozenset((16, 32, 64, 128, 256))
+
+
+def load():
+    return load_kernel_module(KERNEL_MODULE, vllm_stand_ins())
+
+
+def paged_attention_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our ``[nb, bs, hkv, d]`` caches as views in the kernel's layout (module docstring)."""
+    nb, bs, hkv, d = k_cache.shape
+    x = 16 // k_cache.element_size()
+    return k_cache.view(nb, bs, hkv, d // x, x).permute(0, 2, 3, 1, 4), v_cache.permute(0, 2, 3, 1)
+
+
+@register("vllm-paged-decode")
+class VllmPagedDecode(PeerImplementation):
+    """vLLM chunked_prefill_paged_decode, decode rows (kernel_paged_attention_2d, Triton)"""
+
+    distribution = "vllm"
+    capabilities = Capabilities(
+        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, dtypes=(torch.float16, torch.bfloat16)
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel = load().chunked_prefill_paged_decode
+
+    def paged_decode(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        *,
+        scale=None,
+        sliding_window=None,
+        num_splits=None,
+        out=None,
+        return_lse=False,
+    ):
+        refuse_lse(self.name, return_lse)
+        if num_splits is not None:
+            raise NotSupported("vllm-paged-decode takes no split count")
+        if self.interpreted and k_cache.numel() >= 2**31:
+            raise NotSupported(
+                "vllm-paged-decode: offsets past 2^31 elements under Triton's interpreter, which "
+                "ignores the kernel's tl.int64 stride annotations (judged on a GPU only)"
+            )
+        lens = host_lengths(seq_lens)
+        out = torch.empty_like(q) if out is None else out
+        key_cache, value_cache = paged_attention_layout(k_cache, v_cache)
+        num_seqs, num_kv_heads = q.shape[0], k_cache.shape[2]
+        new_kv = torch.empty(num_seqs, num_kv_heads, q.shape[-1], dtype=q.dtype, device=q.device)  # shape only
+        unit = torch.ones(1, dtype=torch.float32, device=q.device)
+        self._kernel(
+            query=q,
+            key=new_kv,
+            value=new_kv,
+            output=out,
+            kv_cache_dtype="auto",
+            key_cache=key_cache,
+            value_cache=value_cache,
+            block_table=block_tables,
+            query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device),
+            seq_lens=seq_lens,
+            max_seq_len=max(lens, default=0),
+            max_query_len=1,
+            k_scale=unit,
+            v_scale=unit,
+            sliding_window=None if sliding_window is None else sliding_window - 1,
+            sm_scale=default_scale(q, scale),
+        )
+        return out

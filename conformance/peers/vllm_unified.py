@@ -1,0 +1,132 @@
+"""vLLM's Triton ``unified_attention`` (``vllm/attention/ops/triton_unified_attention.py``) behind the adapter.
+
+It is the kernel of vLLM's ``TRITON_ATTN`` backend: one call for a batch of decode and prefill rows,
+with our cache layout exactly (``[num_blocks, block_size, num_kv_heads, head_size]``), so nothing is
+copied. The arguments are those ``TritonAttentionImpl.forward`` passes::
+
+    unified_attention(q, k_cache, v_cache, out, cu_seqlens_q, max_seqlen_q, seqused_k=seq_lens,
+                      max_seqlen_k, softmax_scale, causal=True, window_size=(W - 1, 0) or (-1, -1),
+                      block_table, softcap=0, q_descale=None, k_descale, v_descale)
+
+Declared from the backend (``TritonAttentionBackend``): float16, bfloat16 and float32; block sizes that
+are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants head sizes of 32 and more
+(``validate_head_size``); the kernel pads any head size to a power of two and is judged on all of the
+suite's (a head-size check here would also hide how it treats the validation cases' bad arguments).
+It returns no LSE and takes no split count (decode splits every sequence into a fixed 16 segments), and
+it picks its 2-D or 3-D kernel from the batch's size, so it is not claimed bit for bit batch invariant.
+Sequences of length 0 are judged as every implementation's are.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.peers import (
+    PeerImplementation,
+    default_scale,
+    host_lengths,
+    load_kernel_module,
+    refuse_lse,
+    vllm_stand_ins,
+)
+
+KERNEL_MODULE = "vllm.attention.ops.triton_unified_attention"
+BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
+
+
+def load():
+    return load_kernel_module(KERNEL_MODULE, vllm_stand_ins())
+
+
+@register("vllm-unified")
+class VllmUnifiedAttention(PeerImplementation):
+    """vLLM unified_attention (Triton): vllm/attention/ops/triton_unified_attention.py"""
+
+    distribution = "vllm"
+    capabilities = Capabilities(
+        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, batch_invariant=False
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kernel = load().unified_attention
+
+    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q, *, scale, sliding_window, out):
+        lens = host_lengths(seq_lens)
+        out = torch.empty_like(q) if out is None else out
+        num_kv_heads = k_cache.shape[2]
+        descale = torch.ones(len(lens), num_kv_heads, dtype=torch.float32, device=q.device)
+        window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        self._kernel(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            cu_seqlens_q,
+            max_q,
+            seq_lens,
+            max(lens, default=0),
+            default_scale(q, scale),
+            True,
+            window,
+            block_tables,
+            0.0,
+            None,
+            descale,
+            descale,
+        )
+        return out
+
+    def paged_decode(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        *,
+        scale=None,
+        sliding_window=None,
+        num_splits=None,
+        out=None,
+        return_lse=False,
+    ):
+        refuse_lse(self.name, return_lse)
+        if num_splits is not None:
+            raise NotSupported("vllm-unified takes no split count")
+        cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        return self._run(
+            q, k_cache, v_cache, block_tables, seq_lens, cu, 1, scale=scale, sliding_window=sliding_window, out=out
+        )
+
+    def paged_prefill(
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        *,
+        scale=None,
+        sliding_window=None,
+        out=None,
+        return_lse=False,
+    ):
+        refuse_lse(self.name, return_lse)
+        cu = cu_seqlens_q.tolist()
+        max_q = max((b - a for a, b in itertools.pairwise(cu)), default=0)
+        return self._run(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            cu_seqlens_q,
+            max_q,
+            scale=scale,
+            sliding_window=sliding_window,
+            out=out,
+        )
