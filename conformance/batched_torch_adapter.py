@@ -12,11 +12,17 @@ sequences. Registered as ``torch-batched``; importing this module registers it::
 from __future__ import annotations
 
 from pagedbench.conformance.adapter import Implementation, register
+from pagedbench.conformance.capabilities import Capabilities
 
 
 @register("torch-batched")
 class BatchedTorchImplementation(Implementation):
     """``paged_decode`` / ``paged_prefill`` / ``write_kv`` of the engine's batched torch backend (CPU)."""
+
+    # Each sequence's keys are padded to the longest in its group, and SDPA's blocked reductions follow
+    # the padded shape, so a sequence's rows may differ in the last bits alone and in a batch (seen in
+    # prefill, fp16 and fp32); they are still judged against the oracle within the dtype's bounds.
+    capabilities = Capabilities(batch_invariant=False)
 
     def paged_decode(self, *args, **kwargs):
         from pagedbench.refengine.model.batched_attention import paged_decode
