@@ -207,10 +207,9 @@ FINDINGS = (
         "`chunked_prefill_paged_decode(sliding_window=N)` attends to the last N keys (`context_len - pos < N`), "
         "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent) and "
         "passes its first element, so a model with a window of W keys sees W - 1 of them on this path, while "
-        "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. The "
-        "`vllm-paged-decode` adapter passes what that backend passes, so its sliding-window cases are wrong "
-        "in the matrix too (where finding 1's NaN, when the last block is partial, is reported first); with "
-        "`sliding_window=W` the kernel matches the oracle.",
+        "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. With "
+        "`sliding_window=W` the kernel matches the oracle, and that is what the `vllm-paged-decode` adapter "
+        "passes: the matrix judges the kernel, and this backend's off-by-one shows only here.",
         vllm_rocm_window_is_one_key_short,
         (
             ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),

@@ -13,8 +13,10 @@ handed over as permuted views of the same memory (nothing is copied)::
     value_cache = v_cache.permute(0, 2, 3, 1)
 
 The arguments are those of vLLM's ``ROCM_ATTN`` backend (``RocmAttentionImpl.forward``), the one that
-calls this function: ``kv_cache_dtype="auto"``, unit ``k_scale``/``v_scale`` tensors, and
-``sliding_window = W - 1`` for a window of W keys (its ``self.sliding_window = (W - 1, 0)``, element 0).
+calls this function: ``kv_cache_dtype="auto"`` and unit ``k_scale``/``v_scale`` tensors. The window is
+passed as the kernel itself reads it (W keys), not as that backend passes it (W - 1, from its
+``self.sliding_window = (W - 1, 0)``): the row judges the kernel, and the backend's off-by-one is a
+finding of its own (``findings.md``).
 Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16 (and powers of
 two: the kernel's ``tl.arange(0, BLOCK_SIZE)``). No LSE, no split count. The backend accepts head sizes
 32, 64, ..., 256; the kernel pads any head size to a power of two and is judged on all of the suite's (a
@@ -111,7 +113,7 @@ class VllmPagedDecode(PeerImplementation):
             max_query_len=1,
             k_scale=unit,
             v_scale=unit,
-            sliding_window=None if sliding_window is None else sliding_window - 1,
+            sliding_window=sliding_window,
             sm_scale=default_scale(q, scale),
         )
         return out
