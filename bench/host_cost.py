@@ -15,7 +15,11 @@
 * ``free``: ``free`` of every sequence after the decode steps            -> µs per free
 
 Each variant is first run once untimed with ``check_invariants`` and a leak check (correctness before
-timing). The target is at most 2 µs per decode token appended with prefix caching on: the report
+timing). Then :mod:`bench.host_cost_peers` times, on the ``peer_variant``'s trace, the engine's whole host
+step (a stub in place of the model) and nano-vllm's and vLLM v1's block managers where present, each in
+a worker process, rounds interleaved: ratios to ours, and the engine's host time per sequence-step
+against the ``append_token`` cost measured above (``--nano-vllm PATH``, ``--peers-venv DIR``).
+The target is at most 2 µs per decode token appended with prefix caching on: the report
 gives measured / target and a verdict, and never fails. Writes ``results/host_cost.json`` (records
 with the environment) and ``results/host_cost.md`` (tables), and prints the tables.
 """

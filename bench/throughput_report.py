@@ -113,11 +113,11 @@ def write_markdown(result: dict, path: Path) -> str:
     alloc, prefix, parallel = _split(result)
     on_cpu = cfg["section"] == "cpu"
     where = (
-        f"On the CPU: the torch attention backend and the small random model {cfg['model']!r}; trace lengths "
-        "scaled by each workload's length_scale and max_model_len "
+        f"On the CPU: the {cfg['attention_backend']!r} attention backend and the small random model "
+        f"{cfg['model']!r}; trace lengths scaled by each workload's length_scale and max_model_len "
         f"{cfg['max_model_len']} (instead of 2048), so absolute figures are not the paper's. On the CPU "
-        "a step costs about in proportion to the tokens in it (the torch reference attention loops over "
-        "sequences; the matmuls are compute-bound), so a larger batch buys little time per token here: "
+        "a step costs about in proportion to the tokens in it (the matmuls are compute-bound), so a "
+        "larger batch buys little time per token here: "
         "the batch size and KV utilisation that paging wins are what a GPU, where decode is memory-bound, "
         "turns into throughput. Timings come from a shared machine and are noisy."
         if on_cpu else f"On the GPU: the Triton kernels and the {cfg['model']!r} random model.")

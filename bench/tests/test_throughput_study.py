@@ -10,8 +10,8 @@ from pagedbench.bench.throughput_report import write_markdown, write_plot
 from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
 from pagedbench.refengine import load_model
 
-CFG = dict(section="cpu", model="tiny-test", block_size=4, kv_budget_slots=96, max_model_len=32,
-           max_num_seqs=16, max_num_batched_tokens=64, seed=0, torch_threads_used=1)
+CFG = dict(section="cpu", model="tiny-test", attention_backend="torch", block_size=4, kv_budget_slots=96,
+           max_model_len=32, max_num_seqs=16, max_num_batched_tokens=64, seed=0, torch_threads_used=1)
 
 
 @pytest.fixture(scope="module")
