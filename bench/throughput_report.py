@@ -128,7 +128,7 @@ def write_markdown(result: dict, path: Path) -> str:
         f"same KV memory: {cfg['kv_budget_slots']} token slots, block size {cfg['block_size']}; the "
         f"contiguous baseline reserves max_model_len = {cfg['max_model_len']} slots per request (Orca Max). "
         f"{where} torch threads: {cfg['torch_threads_used']}; tokens/s from the best of "
-        f"{cfg.get('repetitions', 1)} repetitions of each run.\n",
+        f"{cfg.get('repetitions', 1)} repetitions of each run, the runs of a workload alternating.\n",
         "## Paged vs contiguous\n",
         tabulate(_allocator_rows(alloc), headers=[
             "model", "workload", "mean prompt / output", "requests", "allocator", "gen tok/s", "req/s",

@@ -115,16 +115,14 @@ def _serve(loaded, cfg: dict, trace: Trace, run: Run) -> tuple[float, LLM, list,
     return wall_s, llm, outs, times.host_share
 
 
-def run_once(loaded, cfg: dict, trace: Trace, run: Run) -> tuple[dict, list]:
-    """Serve the trace ``cfg["repetitions"]`` times (fresh engine each; the serving is deterministic,
-    so only the wall time varies): figures from the best (least disturbed) time, every wall time kept.
-    Returns (figures, every completion's tokens per request)."""
-    walls, tokens, host_shares = [], [], []
-    for _ in range(cfg.get("repetitions", 1)):
-        wall_s, llm, outs, host_share = _serve(loaded, cfg, trace, run)
-        walls.append(wall_s)
-        host_shares.append(host_share)
-        tokens.append([[c.token_ids for c in o.outputs] for o in outs])
+def summarise_runs(run: Run, served: list[tuple]) -> tuple[dict, list]:
+    """Figures of one run from its repetitions (``_serve`` results; fresh engine each, and the serving
+    is deterministic, so only the wall time varies): figures from the best (least disturbed) time,
+    every wall time kept. Returns (figures, every completion's tokens per request)."""
+    walls = [wall for wall, _, _, _ in served]
+    host_shares = [share for _, _, _, share in served]
+    tokens = [[[c.token_ids for c in o.outputs] for o in outs] for _, _, outs, _ in served]
+    llm, outs = served[-1][1], served[-1][2]
     if any(t != tokens[0] for t in tokens):
         raise RuntimeError(f"repetitions of {run} gave different tokens")
     s, wall_s = llm.stats, min(walls)
@@ -159,9 +157,13 @@ def study_workload(loaded, cfg: dict, w: Workload, runs: list[Run], model: str |
     tokens (for n > 1, the children every run has: child i's seed does not depend on n)."""
     trace = make_trace(w, vocab_size=loaded.config.vocab_size, max_model_len=cfg["max_model_len"],
                        seed=cfg["seed"])
+    served: list[list[tuple]] = [[] for _ in runs]
+    for _ in range(cfg.get("repetitions", 1)):  # runs alternate, so a disturbance hits each alike
+        for i, run in enumerate(runs):
+            served[i].append(_serve(loaded, cfg, trace, run))
     results, tokens = [], []
-    for run in runs:
-        figures, toks = run_once(loaded, cfg, trace, run)
+    for run, reps in zip(runs, served):
+        figures, toks = summarise_runs(run, reps)
         results.append((run, figures))
         tokens.append(toks)
     k = min(r.n for r in runs)
