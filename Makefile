@@ -119,6 +119,6 @@ $(PEERS_VENV)/.installed:
 	python3 -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 "triton==$$($(PY) -c 'import triton; print(triton.__version__)' 2>/dev/null || echo 3.9.0)" numpy
-	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
 	$(PEERS_VENV)/bin/python -m pip install -q $(PEERS_HOST_COST_DEPS)
+	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
 	touch $@
