@@ -135,12 +135,18 @@ conformance-matrix: install
 PEERS_VENV ?= .peers
 VLLM_VERSION ?= 0.11.0
 SGLANG_VERSION ?= 0.5.3
+# What `from vllm.v1.core.kv_cache_manager import KVCacheManager` imports on its way (vllm.utils, the
+# request and usage modules), and xxhash for nano-vllm's block manager: the host-cost bench drives both.
+PEERS_HOST_COST_DEPS := cachetools cbor2 cloudpickle psutil regex setproctitle pyyaml pyzmq packaging transformers \
+	msgspec aiohttp requests blake3 pillow prometheus_client fastapi openai openai_harmony pybase64 diskcache \
+	py-cpuinfo xxhash
 peers: $(PEERS_VENV)/.installed
 
 $(PEERS_VENV)/.installed:
 	python3 -m venv $(PEERS_VENV)
 	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 "triton==$$($(PY) -c 'import triton; print(triton.__version__)' 2>/dev/null || echo 3.9.0)" numpy
+	$(PEERS_VENV)/bin/python -m pip install -q $(PEERS_HOST_COST_DEPS)
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
 	$(PEERS_VENV)/bin/python -m pip install -q pytest pytest-timeout hypothesis pyyaml tabulate
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .

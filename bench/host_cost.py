@@ -15,7 +15,11 @@
 * ``free``: ``free`` of every sequence after the decode steps            -> µs per free
 
 Each variant is first run once untimed with ``check_invariants`` and a leak check (correctness before
-timing). The target is at most 2 µs per decode token appended with prefix caching on: the report
+timing). Then :mod:`bench.host_cost_peers` times, on the ``peer_variant``'s trace, the engine's whole host
+step (a stub in place of the model) and nano-vllm's and vLLM v1's block managers where present, each in
+a worker process, rounds interleaved: ratios to ours, and the engine's host time per sequence-step
+against the ``append_token`` cost measured above (``--nano-vllm PATH``, ``--peers-venv DIR``).
+The target is at most 2 µs per decode token appended with prefix caching on: the report
 gives measured / target and a verdict, and never fails. Writes ``results/host_cost.json`` (records
 with the environment) and ``results/host_cost.md`` (tables), and prints the tables.
 """
@@ -36,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 from pagedbench.bench import environment as env_mod
+from pagedbench.bench import host_cost_peers, workloads
 from pagedbench.bench import records as result_files
-from pagedbench.bench import workloads
 from tabulate import tabulate
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "host_cost.yaml"
@@ -99,6 +103,9 @@ class HostCostConfig:
     rounds: int
     target_us_per_token: float
     variants: tuple[Variant, ...]
+    peer_variant: str  # the variant whose trace every implementation serves side by side
+    peer_rounds: int  # interleaved rounds of the side-by-side comparison
+    engine_host_limit: float  # the engine's host time per sequence-step, at most this x append_token
 
 
 #: the config the benchmark module reads (set by :func:`main`; None: the default YAML)
@@ -231,6 +238,13 @@ def verdicts(cfg: HostCostConfig, recs: list[dict]) -> list[dict]:
     return out
 
 
+def side_by_side_lines(doc: dict) -> list[str]:
+    cfg, sbs = doc["config"], doc["side_by_side"]
+    note = (f"The `{sbs['variant']}` variant's trace: {cfg['batch']} {cfg['dataset']}-like prompts admitted at "
+            f"once, then {cfg['decode_steps']} decode steps of every sequence, block size {cfg['block_size']}")
+    return host_cost_peers.markdown(sbs["summary"], sbs["engine_verdict"], note, cfg["peer_rounds"])
+
+
 def markdown(doc: dict) -> str:
     """The report: cost per operation for every variant, the target verdicts."""
     cfg, recs, load = doc["config"], doc["records"], doc["machine_load"]
@@ -274,8 +288,7 @@ def markdown(doc: dict) -> str:
         tabulate(target, ["variant", "µs / decode token (median)", "(min)", "target µs",
                           "median / target", "verdict"],
                  tablefmt="github"), "",
-        "Peers (nano-vllm's and vLLM v1's block managers) are compared only side by side in one run, never "
-        "as figures quoted from another: see the engine's host-path benchmark.", "",
+        *side_by_side_lines(doc), "",
         *(["Invalid measurements:", *invalid, ""] if invalid else []),
         "Machine load while timing (1-minute load average, start / end): "
         f"{load['load_average_1m_start']:.1f} / {load['load_average_1m_end']:.1f} on "
@@ -285,25 +298,56 @@ def markdown(doc: dict) -> str:
     ])
 
 
+def peer_trace(cfg: HostCostConfig, nano_vllm: str | None) -> dict:
+    """The side-by-side comparison's input: the peer variant's workload, as the workers read it."""
+    variant = next((v for v in cfg.variants if v.name == cfg.peer_variant), None)
+    if variant is None:
+        raise ValueError(f"peer_variant {cfg.peer_variant!r} is not one of the variants "
+                         f"{[v.name for v in cfg.variants]}")
+    w = build_workload(cfg, variant)
+    return {"prompts": list(w.prompts), "decode_tokens": list(w.decode_tokens), "block_size": cfg.block_size,
+            "num_blocks": w.num_blocks + cfg.batch, "prefix_caching": variant.prefix_caching,
+            "nano_vllm_path": nano_vllm}
+
+
+def side_by_side(cfg: HostCostConfig, recs: list[dict], nano_vllm: str | None, peers_venv: str | None) -> dict:
+    """Every implementation on the peer variant's trace, interleaved, and the engine's verdict against the
+    ``append_token`` cost this run measured."""
+    trace = peer_trace(cfg, nano_vllm)
+    commands = host_cost_peers.locate(nano_vllm, peers_venv)
+    results = host_cost_peers.run_side_by_side(commands, trace, cfg.peer_rounds)
+    summary = host_cost_peers.summarise(results, cfg.batch * cfg.decode_steps)
+    append = next((r["us_per_unit"]["median"] for r in recs
+                   if r["measurement"] == "decode" and r["variant"]["name"] == cfg.peer_variant), math.nan)
+    engine = summary.get(host_cost_peers.OURS, {}).get("figures", {}).get("engine", {}).get("us_per_seq_step")
+    return {"variant": cfg.peer_variant, "results": results, "summary": summary,
+            "engine_verdict": host_cost_peers.engine_verdict(engine, append, cfg.engine_host_limit)}
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.host_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the config's `full` section")
     parser.add_argument("--config", default=str(CONFIG), help="YAML config (default: %(default)s)")
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
+    parser.add_argument("--nano-vllm", default=os.environ.get(host_cost_peers.NANO_VLLM_ENV),
+                        help=f"a nano-vllm checkout to compare with (default: ${host_cost_peers.NANO_VLLM_ENV})")
+    parser.add_argument("--peers-venv", default=os.environ.get(host_cost_peers.PEERS_VENV_ENV),
+                        help="the `make peers` venv, with vLLM (default: .peers)")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, full=args.full)
     correctness = {v.name: check_correctness(cfg, v, build_workload(cfg, v)) for v in cfg.variants}
     load_start = os.getloadavg()[0]
     ref_start = reference_loop_s()
     recs = records(cfg, run_benchmarks(cfg), correctness)
+    peers = side_by_side(cfg, recs, args.nano_vllm, args.peers_venv)
     ref_end = reference_loop_s()
     machine = machine_speed_reasons(ref_start, ref_end, load_start, os.cpu_count() or 1)
     for r in recs:
         if machine:
             r["validity"] = {"valid": False, "reasons": r["validity"]["reasons"] + machine}
     doc = {"environment": env_mod.environment(), "config": dataclasses.asdict(cfg), "records": recs,
-           "target": verdicts(cfg, recs),
+           "target": verdicts(cfg, recs), "side_by_side": peers,
            "machine_load": {"load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
                             "reference_loop_s_start": ref_start, "reference_loop_s_end": ref_end}}
     out = Path(args.out)

@@ -17,32 +17,56 @@ PAPER = (
 )
 
 
+#: what paging should buy over contiguous allocation at equal KV memory, in generated tokens/s
+PAGED_OVER_CONTIGUOUS_AIM = 2.0
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def _allocator_rows(records: list[dict]) -> list[list]:
     rows = []
     for r in records:
         w, f, impl = r["workload"], r["figures"], r["implementation"]
         rows.append([
-            w["name"], f"{w['mean_prompt_len']:.1f} / {w['mean_output_len']:.1f}", w["num_requests"],
+            r.get("model", "-"), w["name"], f"{w['mean_prompt_len']:.1f} / {w['mean_output_len']:.1f}",
+            w["num_requests"],
             impl["allocator"] + (" (max)" if impl["contiguous_policy"] else ""),
             f"{f['generated_tokens_per_s']:.1f}", f"{f['requests_per_s']:.2f}", f["peak_running_seqs"],
             f"{f['mean_running_seqs']:.1f} / {f['mean_running_seqs_queued']:.1f}", f["num_preemptions"],
             f"{f['mean_kv_utilisation']:.1%} / {f['mean_kv_utilisation_queued']:.1%}",
-            f["num_steps"], "yes" if r["validity"]["valid"] else "NO",
+            f["num_steps"], _share(f.get("host_share_of_step")), "yes" if r["validity"]["valid"] else "NO",
         ])
     return rows
 
 
-def _ratios(records: list[dict]) -> list[str]:
-    by = {}
+def paged_over_contiguous(records: list[dict]) -> list[dict]:
+    """Per (model, workload) with both allocators: paged / contiguous tokens/s against the aim."""
+    by: dict[tuple, dict] = {}
     for r in records:
-        by.setdefault(r["workload"]["name"], {})[r["implementation"]["allocator"]] = r["figures"]
-    lines = []
-    for name, f in by.items():
+        by.setdefault((r.get("model"), r["workload"]["name"]), {})[r["implementation"]["allocator"]] = r["figures"]
+    out = []
+    for (model, name), f in by.items():
         if "paged" in f and "contiguous" in f:
-            p, c = f["paged"], f["contiguous"]
+            ratio = f["paged"]["generated_tokens_per_s"] / f["contiguous"]["generated_tokens_per_s"]
+            out.append({"model": model, "workload": name, "ratio": ratio, "aim": PAGED_OVER_CONTIGUOUS_AIM,
+                        "verdict": "met" if ratio >= PAGED_OVER_CONTIGUOUS_AIM else "not met"})
+    return out
+
+
+def _ratios(records: list[dict]) -> list[str]:
+    by: dict[tuple, dict] = {}
+    for r in records:
+        by.setdefault((r.get("model"), r["workload"]["name"]), {})[r["implementation"]["allocator"]] = r["figures"]
+    verdicts = {(v["model"], v["workload"]): v for v in paged_over_contiguous(records)}
+    lines = []
+    for key, f in by.items():
+        if "paged" in f and "contiguous" in f:
+            p, c, v = f["paged"], f["contiguous"], verdicts[key]
             lines.append(
-                f"- {name}: paged / contiguous generated tokens/s = "
-                f"{p['generated_tokens_per_s'] / c['generated_tokens_per_s']:.2f}x, mean batch "
+                f"- {key[0]} / {key[1]}: paged / contiguous generated tokens/s = "
+                f"**{v['ratio']:.2f}x** (aim ≥ {v['aim']:g}x: {v['verdict']}), mean batch "
                 f"{p['mean_running_seqs'] / c['mean_running_seqs']:.2f}x, mean KV utilisation "
                 f"{p['mean_kv_utilisation']:.1%} vs {c['mean_kv_utilisation']:.1%} (queued steps: "
                 f"{p['mean_kv_utilisation_queued']:.1%} vs {c['mean_kv_utilisation_queued']:.1%})")
@@ -89,11 +113,11 @@ def write_markdown(result: dict, path: Path) -> str:
     alloc, prefix, parallel = _split(result)
     on_cpu = cfg["section"] == "cpu"
     where = (
-        f"On the CPU: the torch attention backend and the small random model {cfg['model']!r}; trace lengths "
-        "scaled by each workload's length_scale and max_model_len "
+        f"On the CPU: the {cfg['attention_backend']!r} attention backend and the small random model "
+        f"{cfg['model']!r}; trace lengths scaled by each workload's length_scale and max_model_len "
         f"{cfg['max_model_len']} (instead of 2048), so absolute figures are not the paper's. On the CPU "
-        "a step costs about in proportion to the tokens in it (the torch reference attention loops over "
-        "sequences; the matmuls are compute-bound), so a larger batch buys little time per token here: "
+        "a step costs about in proportion to the tokens in it (the matmuls are compute-bound), so a "
+        "larger batch buys little time per token here: "
         "the batch size and KV utilisation that paging wins are what a GPU, where decode is memory-bound, "
         "turns into throughput. Timings come from a shared machine and are noisy."
         if on_cpu else f"On the GPU: the Triton kernels and the {cfg['model']!r} random model.")
@@ -104,18 +128,21 @@ def write_markdown(result: dict, path: Path) -> str:
         f"same KV memory: {cfg['kv_budget_slots']} token slots, block size {cfg['block_size']}; the "
         f"contiguous baseline reserves max_model_len = {cfg['max_model_len']} slots per request (Orca Max). "
         f"{where} torch threads: {cfg['torch_threads_used']}; tokens/s from the best of "
-        f"{cfg.get('repetitions', 1)} repetitions of each run.\n",
+        f"{cfg.get('repetitions', 1)} repetitions of each run, the runs of a workload alternating.\n",
         "## Paged vs contiguous\n",
         tabulate(_allocator_rows(alloc), headers=[
-            "workload", "mean prompt / output", "requests", "allocator", "gen tok/s", "req/s", "peak batch",
-            "mean batch (all / queued)", "preemptions", "mean KV util (all / queued)", "steps",
-            "same tokens"],
+            "model", "workload", "mean prompt / output", "requests", "allocator", "gen tok/s", "req/s",
+            "peak batch", "mean batch (all / queued)", "preemptions", "mean KV util (all / queued)", "steps",
+            "host share of step", "same tokens"],
             tablefmt="github"),
         "",
         "all: mean over every step; queued: over the steps that ended with requests still waiting (the "
-        "KV pool, not the trace's tail, limits the batch there).",
+        "KV pool, not the trace's tail, limits the batch there). host share of step: step wall time less "
+        "the model's forward and LM head, over step wall time (scheduler, block manager, block tables and "
+        "metadata, sampling).",
         "",
         *_ratios(alloc),
+        *([f"- smollm2: {cfg['smollm2_status']}"] if cfg.get("smollm2_status", "run") != "run" else []),
         "",
     ]
     if pw:
@@ -160,6 +187,7 @@ def write_plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     alloc, prefix, parallel = _split(result)
+    alloc = [r for r in alloc if r.get("model", result["config"]["model"]) == result["config"]["model"]]
     names = list(dict.fromkeys(r["workload"]["name"] for r in alloc))
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
     panels = [("generated_tokens_per_s", "generated tokens/s"),

@@ -10,8 +10,8 @@ from pagedbench.bench.throughput_report import write_markdown, write_plot
 from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
 from pagedbench.refengine import load_model
 
-CFG = dict(section="cpu", model="tiny-test", block_size=4, kv_budget_slots=96, max_model_len=32,
-           max_num_seqs=16, max_num_batched_tokens=64, seed=0, torch_threads_used=1)
+CFG = dict(section="cpu", model="tiny-test", attention_backend="torch", block_size=4, kv_budget_slots=96,
+           max_model_len=32, max_num_seqs=16, max_num_batched_tokens=64, seed=0, torch_threads_used=1)
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +52,37 @@ def test_records_and_report(loaded, tmp_path):
     assert "| a " in text and "## Prefix sharing" in text and "## Parallel sampling" in text
     write_plot(result, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_paged_over_contiguous_per_model_against_the_aim():
+    from pagedbench.bench.throughput_report import paged_over_contiguous
+
+    def rec(model, name, allocator, tps):
+        return {"model": model, "workload": {"name": name}, "implementation": {"allocator": allocator},
+                "figures": {"generated_tokens_per_s": tps}}
+
+    out = paged_over_contiguous([
+        rec("small", "sharegpt", "paged", 240.0), rec("small", "sharegpt", "contiguous", 100.0),
+        rec("smollm2", "sharegpt", "paged", 150.0), rec("smollm2", "sharegpt", "contiguous", 100.0),
+        rec("smollm2", "alpaca", "paged", 1.0)])
+    assert [(v["model"], v["workload"], v["verdict"]) for v in out] == [
+        ("small", "sharegpt", "met"), ("smollm2", "sharegpt", "not met")]
+    assert out[0]["ratio"] == pytest.approx(2.4) and out[1]["ratio"] == pytest.approx(1.5)
+
+
+def test_smollm2_status_says_what_to_do(tmp_path):
+    from pagedbench.bench.throughput_study import smollm2_status
+
+    cfg = {"section": "cpu", "smollm2": {"folder": str(tmp_path / "missing")}}
+    assert "make model" in smollm2_status(cfg, True)
+    cfg["smollm2"]["folder"] = str(tmp_path)
+    assert "--with-smollm2" in smollm2_status(cfg, False)
+    assert smollm2_status(cfg, True) == "run"
+    assert smollm2_status({"section": "gpu"}, True).startswith("skipped")
+
+
+def test_every_run_reports_its_host_share_of_step(loaded):
+    records = study_workload(loaded, CFG, Workload("a", "alpaca", 0.25, 4), [Run("paged", False)])
+    share = records[0]["figures"]["host_share_of_step"]
+    assert 0.0 < share < 1.0
+    assert "forward" not in vars(loaded.model) and "compute_logits" not in vars(loaded.model)  # restored

@@ -1,0 +1,68 @@
+"""The side-by-side host-cost bench: peers that cannot run get a reason and no figure, figures are ratios
+of best rounds, the engine's verdict, and the worker protocol end to end on our own implementation."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pagedbench.bench import host_cost, host_cost_peers
+from pagedbench.bench.host_cost_peers import WorkerCommand
+
+
+def test_absent_peers_are_located_with_a_reason(tmp_path):
+    commands = {c.name: c for c in host_cost_peers.locate(None, tmp_path / "no-venv")}
+    assert commands["pagedbench"].python == sys.executable
+    assert commands["nano-vllm"].python is None and "--nano-vllm" in commands["nano-vllm"].reason
+    assert commands["vllm-v1"].python is None and "make peers" in commands["vllm-v1"].reason
+    not_a_checkout = host_cost_peers.locate(str(tmp_path), tmp_path / "no-venv")[1]
+    assert not_a_checkout.python is None and "not a nano-vllm checkout" in not_a_checkout.reason
+
+
+def test_summary_is_best_round_per_sequence_step_and_ratio_to_ours():
+    results = {"pagedbench": {"status": "ok", "seconds": {"kv": [2.0, 1.0], "engine": [5.0]}},
+               "nano-vllm": {"status": "ok", "seconds": {"kv": [4.0, 3.0]}},
+               "vllm-v1": {"status": "not installed", "reason": "no peers venv"}}
+    s = host_cost_peers.summarise(results, 1_000_000)
+    assert s["pagedbench"]["figures"]["kv"]["us_per_seq_step"] == pytest.approx(1.0)
+    assert s["nano-vllm"]["figures"]["kv"]["us_per_seq_step"] == pytest.approx(3.0)
+    assert s["nano-vllm"]["figures"]["kv"]["ratio_to_ours"] == pytest.approx(3.0)
+    assert s["vllm-v1"] == {"status": "not installed", "reason": "no peers venv"}
+    text = "\n".join(host_cost_peers.markdown(s, host_cost_peers.engine_verdict(5.0, 1.0, 5.0), "trace", 2))
+    assert "| nano-vllm | 3.00 (3.00x) | not driven |" in text
+    assert "- vllm-v1: not installed (no peers venv)" in text and "| vllm-v1 |" not in text
+    assert "**5.0x**" in text and "**met**" in text
+
+
+def test_engine_verdict_against_append_token():
+    assert host_cost_peers.engine_verdict(10.0, 2.0, 5.0)["verdict"] == "met"
+    v = host_cost_peers.engine_verdict(10.1, 2.0, 5.0)
+    assert v["verdict"] == "not met" and v["ratio"] == pytest.approx(5.05)
+    assert host_cost_peers.engine_verdict(None, 2.0, 5.0)["verdict"] == "not measured"
+
+
+def _tiny_trace() -> dict:
+    prompts = [[(7 * i + j) % 500 for j in range(5 + 11 * i)] for i in range(6)]
+    decode = [[(3 * s + i) % 500 for i in range(6)] for s in range(4)]
+    return {"prompts": prompts, "decode_tokens": decode, "block_size": 4, "num_blocks": 64,
+            "prefix_caching": True, "nano_vllm_path": None}
+
+
+def test_workers_run_interleaved_rounds_and_a_missing_peer_is_not_installed():
+    commands = [WorkerCommand("pagedbench", sys.executable),
+                WorkerCommand("nano-vllm", sys.executable),  # no checkout in the trace
+                WorkerCommand("vllm-v1", None, "no peers venv")]
+    results = host_cost_peers.run_side_by_side(commands, _tiny_trace(), rounds=2)
+    ours = results["pagedbench"]
+    assert ours["status"] == "ok" and set(ours["seconds"]) == {"kv", "scheduler", "engine"}
+    assert all(len(v) == 2 and min(v) > 0 for v in ours["seconds"].values())
+    assert results["nano-vllm"]["status"] == "not installed" and "--nano-vllm" in results["nano-vllm"]["reason"]
+    assert results["vllm-v1"] == {"status": "not installed", "reason": "no peers venv"}
+
+
+def test_the_peer_variant_must_be_a_variant():
+    cfg = host_cost.load_config()
+    assert host_cost.peer_trace(cfg, None)["prefix_caching"] is True
+    bad = host_cost.HostCostConfig(**{**{f: getattr(cfg, f) for f in cfg.__slots__}, "peer_variant": "nope"})
+    with pytest.raises(ValueError, match="peer_variant 'nope'"):
+        host_cost.peer_trace(bad, None)
