@@ -1,4 +1,4 @@
-"""The host-cost study (issue 3 §7): what the block manager itself costs per operation.
+"""The host-cost study: what the block manager itself costs per operation.
 
 ``python -m pagedbench.bench --only host_cost`` (or ``main([])``) runs the default config
 (``bench/configs/host_cost.yaml``; ``--full`` the longer runs). ShareGPT-like prompts
@@ -275,7 +275,7 @@ def markdown(doc: dict) -> str:
     invalid = [f"- {r['variant']['name']} / {r['measurement']}: {'; '.join(r['validity']['reasons'])}"
                for r in recs if not r["validity"]["valid"]]
     return "\n".join([
-        "# Host cost of the block manager (issue 3 §7)", "",
+        "# Host cost of the block manager", "",
         f"{cfg['dataset']}-like prompts (`bench.workloads.synthetic`, seed {cfg['seed']}), "
         f"batch {cfg['batch']} admitted at once, block size {cfg['block_size']}, "
         f"{cfg['decode_steps']} decode steps per round at the peak batch; median of {cfg['rounds']} "

@@ -1,4 +1,4 @@
-"""The throughput study (issue 5 §4): what paging buys over contiguous allocation, end to end.
+"""The throughput study: what paging buys over contiguous allocation, end to end.
 
 Same model, same trace, same KV memory: ``LLM(allocator="paged")`` against ``LLM(allocator="contiguous")``
 (Orca Max: every request reserves ``max_model_len`` slots), serving a ShareGPT-like and an Alpaca-like
