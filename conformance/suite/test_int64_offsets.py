@@ -5,6 +5,13 @@ The caches are ``torch.empty`` (untouched pages cost no RAM); only the few block
 written, near the end of the cache (element offsets above 2^31) and at block 0. Each test records its
 resident-memory growth across the call (``rss_growth_mib``), so an implementation that copies the cache
 shows.
+
+On the CPU each cache starts ``WRAP_GUARD_ELEMENTS`` (2^31) elements into its allocation. An offset
+formed in 32 bits wraps to ``true - 2^32``, at least ``-2^31`` here: the wrapped access lands inside
+that guard (reserved, never written by a correct implementation), so an int32 offset fails the value
+checks below with an assertion instead of killing the process with a SIGSEGV at an unmapped address.
+On a GPU the guard would cost 8 GiB of device memory, so there a wrapped offset faults instead (an
+illegal address, which the gate records as a crash).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM = 16, 1, 64
 ELEMENTS_PER_BLOCK = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
 NUM_BLOCKS = 2**31 // ELEMENTS_PER_BLOCK + 8  # 2^31 + 8192 elements per cache (4 GiB in float16)
 DTYPE = torch.float16
+WRAP_GUARD_ELEMENTS = 2**31
 
 
 def _rss_mib() -> float:
@@ -37,11 +45,16 @@ def huge_caches(impl):
     """K and V caches of NUM_BLOCKS blocks on the implementation's device, uninitialised (shared by the
     tests of this module)."""
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    guard = WRAP_GUARD_ELEMENTS if torch.device(impl.device).type == "cpu" else 0
+    size = NUM_BLOCKS * ELEMENTS_PER_BLOCK
+
+    def cache() -> torch.Tensor:
+        return torch.empty(guard + size, dtype=DTYPE, device=impl.device)[guard:].view(shape)
+
     try:
-        return (torch.empty(shape, dtype=DTYPE, device=impl.device),
-                torch.empty(shape, dtype=DTYPE, device=impl.device))
+        return cache(), cache()
     except RuntimeError as e:  # pragma: no cover - a machine without the address space
-        pytest.skip(f"cannot reserve two {NUM_BLOCKS * ELEMENTS_PER_BLOCK * 2 / 2**30:.1f} GiB caches: {e}")
+        pytest.skip(f"cannot reserve two {(guard + size) * 2 / 2**30:.1f} GiB caches: {e}")
 
 
 def _random_block(gen: torch.Generator, device) -> torch.Tensor:
