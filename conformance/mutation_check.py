@@ -93,7 +93,7 @@ TARGETS = (
     ),
     Target(
         "refengine/engine/scheduler.py",
-        ("compare_boundary", "const_off_by_one", "preempt_oldest", "budget_not_charged"),
+        ("compare_boundary", "preempt_oldest", "budget_not_charged"),
         ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"),
     ),
     Target(
