@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedbench.conformance import mutation_operators as ops
+from pagedbench.conformance.gate_environment import host_environment
 from pagedbench.conformance.mutation_equivalents import equivalence_reason
 from pagedbench.conformance.mutation_report import write_report
 from pagedbench.conformance.mutation_runner import RunResult, Workspace, run_tests
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the sampled mutants and exit")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    environment = host_environment()  # the commit the mutants are made from, before anything else changes
     found = all_mutants()
     chosen = sample(found, per_operator=args.per_operator, max_mutants=args.max_mutants, seed=args.seed)
     if args.only:
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "only": args.only,
         },
+        environment=environment,
     )
     survivors = [v for v in verdicts if v.result.outcome == "survived" and not v.equivalent]
     print(

@@ -115,8 +115,10 @@ def markdown(rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, verdicts, *, base, found: int, seconds: float, options: dict) -> dict:
-    rec = record(verdicts, base=base, found=found, seconds=seconds, options=options)
+def write_report(
+    out: Path, verdicts, *, base, found: int, seconds: float, options: dict, environment: dict | None = None
+) -> dict:
+    rec = record(verdicts, base=base, found=found, seconds=seconds, options=options, environment=environment)
     report_files.write_json(Path(out) / "mutation.json", rec)
     report_files.write_atomically(Path(out) / "mutation.md", markdown(rec))
     return rec

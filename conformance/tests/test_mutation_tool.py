@@ -13,7 +13,7 @@ from pagedbench.conformance import mutation_check, mutation_equivalents
 from pagedbench.conformance import mutation_operators as ops
 from pagedbench.conformance.mutation_runner import Workspace, classify, run_tests
 
-KERNEL = textwrap.dedent('''
+KERNEL = textwrap.dedent("""
     import triton
     import triton.language as tl
 
@@ -31,9 +31,9 @@ KERNEL = textwrap.dedent('''
 
     def host(a, b):
         return a <= b
-''')
+""")
 
-HOST = textwrap.dedent('''
+HOST = textwrap.dedent("""
     def _copy_on_write_last_block(seq):
         last = seq.blocks[-1]
         if last.ref_count == 1:
@@ -45,7 +45,7 @@ HOST = textwrap.dedent('''
     def kept(logits, temperature, cum, sorted_probs, top_p):
         x = logits / temperature[:, None]
         return (cum - sorted_probs) < top_p, x[: len(x) - 1]
-''')
+""")
 
 
 def one(source: str, operator: str) -> list[ops.Mutant]:
@@ -56,15 +56,23 @@ def changed_lines(a: str, b: str) -> list[tuple[str, str]]:
     return [(x, y) for x, y in zip(a.splitlines(), b.splitlines()) if x != y]
 
 
-@pytest.mark.parametrize("operator,expected", [
-    ("int32_offset", [("i = tl.program_id(0).to(tl.int64)", "i = tl.program_id(0)")]),
-    ("bound_plus_one", [("m = offs < n", "m = offs < (n) + 1")]),
-    ("bound_minus_one", [("m = offs < n", "m = offs < (n) - 1")]),
-    ("drop_mask", [("x = tl.load(x_ptr + offs, mask=m, other=0.0)", "x = tl.load(x_ptr + offs)"),
-                   ("tl.store(out_ptr + offs, x + safe, mask=m)", "tl.store(out_ptr + offs, x + safe)")]),
-    ("swap_dot_operands", [("s = tl.dot(x, tl.trans(x))", "s = tl.dot(tl.trans(x), x)")]),
-    ("drop_inf_guard", [('safe = tl.where(x == float("-inf"), 0.0, x)', "safe = x")]),
-])
+@pytest.mark.parametrize(
+    "operator,expected",
+    [
+        ("int32_offset", [("i = tl.program_id(0).to(tl.int64)", "i = tl.program_id(0)")]),
+        ("bound_plus_one", [("m = offs < n", "m = offs < (n) + 1")]),
+        ("bound_minus_one", [("m = offs < n", "m = offs < (n) - 1")]),
+        (
+            "drop_mask",
+            [
+                ("x = tl.load(x_ptr + offs, mask=m, other=0.0)", "x = tl.load(x_ptr + offs)"),
+                ("tl.store(out_ptr + offs, x + safe, mask=m)", "tl.store(out_ptr + offs, x + safe)"),
+            ],
+        ),
+        ("swap_dot_operands", [("s = tl.dot(x, tl.trans(x))", "s = tl.dot(tl.trans(x), x)")]),
+        ("drop_inf_guard", [('safe = tl.where(x == float("-inf"), 0.0, x)', "safe = x")]),
+    ],
+)
 def test_kernel_operators_rewrite_exactly_their_span(operator, expected):
     mutants = one(KERNEL, operator)
     got = [changed_lines(KERNEL, m.source)[0] for m in mutants]
@@ -82,16 +90,32 @@ def test_compare_boundary_skips_kernel_bounds_and_host_code_of_kernel_files():
     assert m.mutated == "a < b" and m.source == "def f(a, b):\n    return a < b\n"
 
 
-@pytest.mark.parametrize("operator,expected", [
-    ("skip_cow", [("if last.ref_count == 1:", "if True:")]),
-    ("ref_count_off_by_one", [("last.ref_count -= 1", "last.ref_count -= 0"),
-                              ("last.ref_count -= 1", "last.ref_count -= 2")]),
-    ("sampler_arith", [("x = logits / temperature[:, None]", "x = logits * temperature[:, None]"),
-                       ("return (cum - sorted_probs) < top_p, x[: len(x) - 1]",
-                        "return (cum) < top_p, x[: len(x) - 1]")]),
-    ("const_off_by_one", [("return (cum - sorted_probs) < top_p, x[: len(x) - 1]",
-                           "return (cum - sorted_probs) < top_p, x[: len(x)]")]),
-])
+@pytest.mark.parametrize(
+    "operator,expected",
+    [
+        ("skip_cow", [("if last.ref_count == 1:", "if True:")]),
+        (
+            "ref_count_off_by_one",
+            [("last.ref_count -= 1", "last.ref_count -= 0"), ("last.ref_count -= 1", "last.ref_count -= 2")],
+        ),
+        (
+            "sampler_arith",
+            [
+                ("x = logits / temperature[:, None]", "x = logits * temperature[:, None]"),
+                ("return (cum - sorted_probs) < top_p, x[: len(x) - 1]", "return (cum) < top_p, x[: len(x) - 1]"),
+            ],
+        ),
+        (
+            "const_off_by_one",
+            [
+                (
+                    "return (cum - sorted_probs) < top_p, x[: len(x) - 1]",
+                    "return (cum - sorted_probs) < top_p, x[: len(x)]",
+                )
+            ],
+        ),
+    ],
+)
 def test_host_operators_rewrite_exactly_their_span(operator, expected):
     mutants = one(HOST, operator)
     assert [tuple(s.strip() for s in changed_lines(HOST, m.source)[0]) for m in mutants] == expected
@@ -126,8 +150,10 @@ def test_sampling_is_deterministic_and_capped():
 
 
 def test_classify_tells_assertions_from_exceptions_crashes_and_hangs():
-    failed = ("pagedbench/x/test_a.py::test_one PASSED\npagedbench/x/test_a.py::test_two FAILED\n"
-              "FAILED pagedbench/x/test_a.py::test_two - AssertionError: out: 3 values differ\n")
+    failed = (
+        "pagedbench/x/test_a.py::test_one PASSED\npagedbench/x/test_a.py::test_two FAILED\n"
+        "FAILED pagedbench/x/test_a.py::test_two - AssertionError: out: 3 values differ\n"
+    )
     r = classify(1, failed, 1.0, 60)
     assert (r.outcome, r.test) == ("killed", "x/test_a.py::test_two") and "differ" in r.detail
     r = classify(1, failed.replace("AssertionError", "TypeError"), 1.0, 60)
@@ -141,14 +167,14 @@ def test_classify_tells_assertions_from_exceptions_crashes_and_hangs():
 
 
 FAKE_MODULE = "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"
-FAKE_TEST = textwrap.dedent('''
+FAKE_TEST = textwrap.dedent("""
     from pagedbench.refengine.mathy import clamp
 
 
     def test_clamp():
         assert clamp(5, 0, 3) == 3
         assert clamp(-1, 0, 3) == 0
-''')
+""")
 
 
 def test_the_runner_classifies_mutants_of_a_fake_project_in_a_private_copy(tmp_path):
@@ -161,10 +187,12 @@ def test_the_runner_classifies_mutants_of_a_fake_project_in_a_private_copy(tmp_p
     tests = ("refengine/tests/test_mathy.py",)
     try:
         assert run_tests(ws, tests, 120).outcome == "survived"
-        broken = {"killed": FAKE_MODULE.replace("min(x, hi)", "x"),
-                  "error": FAKE_MODULE.replace("return", "raise ValueError; return"),
-                  "crashed": "import os\n" + FAKE_MODULE.replace("return", "os.abort(); return"),
-                  "timeout": FAKE_MODULE.replace("return", "while True: pass\n    return")}
+        broken = {
+            "killed": FAKE_MODULE.replace("min(x, hi)", "x"),
+            "error": FAKE_MODULE.replace("return", "raise ValueError; return"),
+            "crashed": "import os\n" + FAKE_MODULE.replace("return", "os.abort(); return"),
+            "timeout": FAKE_MODULE.replace("return", "while True: pass\n    return"),
+        }
         for outcome, source in broken.items():
             ws.write("refengine/mathy.py", source)
             r = run_tests(ws, tests, 8 if outcome == "timeout" else 120)
