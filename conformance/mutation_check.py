@@ -2,7 +2,7 @@
 manager, scheduler and sampler, each run against the tests that cover its file, reported in
 ``results/mutation.md`` and ``results/mutation.json``.
 
-``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants 90] [--seed 0] [--only TEXT]
+``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants 70] [--seed 0] [--only TEXT]
 [--out results]``
 
 Why not a general tool: mutmut 3 skips every decorated function (so no ``@triton.jit`` kernel is
@@ -70,7 +70,12 @@ TARGETS = (
     Target(
         "kernels/cache_kernels.py",
         KERNEL_OPS,
-        (f"{SUITE}/test_cache_ops.py", f"{SUITE}/test_int64_offsets.py", f"{SUITE}/test_copy_on_write_data.py"),
+        (
+            f"{SUITE}/test_cache_ops.py",
+            f"{SUITE}/test_int64_offsets.py",
+            "kernels/tests/test_cache_tiles.py",
+            f"{SUITE}/test_copy_on_write_data.py",
+        ),
     ),
     Target(
         "kernels/attention.py",
@@ -80,7 +85,7 @@ TARGETS = (
     Target(
         "kernels/cache_ops.py",
         ("launch_arg_plus_one", "grid_minus_one"),
-        (f"{SUITE}/test_cache_ops.py", f"{SUITE}/test_copy_on_write_data.py"),
+        (f"{SUITE}/test_cache_ops.py", "kernels/tests/test_cache_tiles.py", f"{SUITE}/test_copy_on_write_data.py"),
     ),
     Target(
         "refengine/kv/block_manager.py",
@@ -143,12 +148,13 @@ class Verdict:
     equivalent: str | None  # the reason, for a survivor known to be equivalent
 
 
-def run_check(mutants: list, *, jobs: int, timeouts: dict[str, float], log=print) -> list[Verdict]:
-    """Every mutant in a private workspace (one per worker thread, restored after each run)."""
+def run_check(mutants: list, *, jobs: int, timeouts: dict[str, float], log=print, progress=None) -> list[Verdict]:
+    """Every mutant in a private workspace (one per worker thread, restored after each run).
+    ``progress(verdicts so far)`` is called after each one (under a lock)."""
     local = threading.local()
     workspaces: list[Workspace] = []
     lock = threading.Lock()
-    done = [0]
+    finished: list[Verdict] = []
 
     def one(item) -> Verdict:
         target, mutant = item
@@ -162,13 +168,16 @@ def run_check(mutants: list, *, jobs: int, timeouts: dict[str, float], log=print
         finally:
             local.ws.restore(mutant.path)
         reason = equivalence_reason(mutant) if result.outcome == "survived" else None
+        verdict = Verdict(target, mutant, result, reason)
         with lock:
-            done[0] += 1
+            finished.append(verdict)
+            if progress is not None:
+                progress(list(finished))
             log(
-                f"[{done[0]}/{len(mutants)}] {result.outcome:8} {result.seconds:5.0f}s {mutant.operator} "
+                f"[{len(finished)}/{len(mutants)}] {result.outcome:8} {result.seconds:5.0f}s {mutant.operator} "
                 f"{mutant.location} {result.test}"
             )
-        return Verdict(target, mutant, result, reason)
+        return verdict
 
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--max-mutants", type=int, default=90)
+    parser.add_argument("--max-mutants", type=int, default=70)
     parser.add_argument("--per-operator", type=int, default=5, help="at most this many per (file, operator)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -228,22 +237,31 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t for t in TARGETS if any(t is c[0] for c in chosen)]
     base = baselines(targets, jobs=args.jobs)
     timeouts = {p: max(90.0, 3 * r.seconds) for p, r in base.items()}
-    verdicts = run_check(chosen, jobs=args.jobs, timeouts=timeouts)
-    write_report(
-        args.out,
-        verdicts,
-        base=base,
-        found=len(found),
-        seconds=time.perf_counter() - start,
-        options={
-            "jobs": args.jobs,
-            "max_mutants": args.max_mutants,
-            "per_operator": args.per_operator,
-            "seed": args.seed,
-            "only": args.only,
-        },
-        environment=environment,
-    )
+    options = {
+        "jobs": args.jobs,
+        "max_mutants": args.max_mutants,
+        "per_operator": args.per_operator,
+        "seed": args.seed,
+        "only": args.only,
+    }
+
+    def report(verdicts: list[Verdict], complete: bool) -> None:
+        # rewritten after every mutant, so a run stopped early still leaves a valid report of what ran
+        order = {id(m): i for i, (_, m) in enumerate(chosen)}
+        write_report(
+            args.out,
+            sorted(verdicts, key=lambda v: order[id(v.mutant)]),
+            base=base,
+            found=len(found),
+            planned=len(chosen),
+            seconds=time.perf_counter() - start,
+            options=options,
+            environment=environment,
+            complete=complete,
+        )
+
+    verdicts = run_check(chosen, jobs=args.jobs, timeouts=timeouts, progress=lambda v: report(v, False))
+    report(verdicts, True)
     survivors = [v for v in verdicts if v.result.outcome == "survived" and not v.equivalent]
     print(
         f"mutation check: {len(verdicts) - len(survivors)} of {len(verdicts)} killed or equivalent; "

@@ -35,10 +35,24 @@ def score(verdicts) -> dict[str, int]:
     return counts
 
 
-def record(verdicts, *, base, found: int, seconds: float, options: dict) -> dict:
+def record(
+    verdicts,
+    *,
+    base,
+    found: int,
+    seconds: float,
+    options: dict,
+    environment: dict | None = None,
+    planned: int | None = None,
+    complete: bool = True,
+) -> dict:
+    """``environment``: taken when the run started (the tree the mutants came from), else now;
+    ``complete`` False: the run was still going (``planned`` mutants, ``len(verdicts)`` of them done)."""
     return {
         "schema_version": SCHEMA_VERSION,
-        "environment": host_environment(),
+        "environment": environment or host_environment(),
+        "complete": complete,
+        "mutants_planned": len(verdicts) if planned is None else planned,
         "seconds": round(seconds, 1),
         "options": options,
         "mutants_found": found,
@@ -87,6 +101,11 @@ def markdown(rec: dict) -> str:
         f"{total} mutants of {rec['mutants_found']} found (options {rec['options']}), "
         f"in {rec['seconds'] / 60:.1f} min.",
         "",
+        *(
+            []
+            if rec["complete"]
+            else [f"**Partial: the run was stopped after {total} of its {rec['mutants_planned']} mutants.**", ""]
+        ),
         f"**Score: {killed} of {total} killed** — {s['killed']} by an assertion, {s['error']} by an exception, "
         f"{s['crashed']} by a crash, {s['timeout']} by a timeout; {s['equivalent']} equivalent (explained below); "
         f"{s['survived']} survived.",
@@ -115,10 +134,9 @@ def markdown(rec: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(
-    out: Path, verdicts, *, base, found: int, seconds: float, options: dict, environment: dict | None = None
-) -> dict:
-    rec = record(verdicts, base=base, found=found, seconds=seconds, options=options, environment=environment)
+def write_report(out: Path, verdicts, *, base, found: int, seconds: float, options: dict, **kwargs) -> dict:
+    """Both files from the verdicts (``kwargs``: ``environment``, ``planned``, ``complete``, as :func:`record`)."""
+    rec = record(verdicts, base=base, found=found, seconds=seconds, options=options, **kwargs)
     report_files.write_json(Path(out) / "mutation.json", rec)
     report_files.write_atomically(Path(out) / "mutation.md", markdown(rec))
     return rec

@@ -251,3 +251,35 @@ def test_kv_heads_past_2_31_elements(impl, huge_caches, op):
         impl.copy_blocks(k_cache, v_cache, torch.tensor(pairs, dtype=torch.int64, device=dev))
         checks.assert_bitwise_equal(k_cache, want_k, what="k_cache", context="copy_blocks/heads")
         checks.assert_bitwise_equal(v_cache, want_v, what="v_cache", context="copy_blocks/heads")
+
+
+TOKEN_STRIDE = 2**30 + 1024  # fits int32; twice it does not
+
+
+def test_write_kv_tokens_past_2_31_elements(impl, huge_caches):
+    """Tokens of ``k``/``v`` TOKEN_STRIDE elements apart, the third past 2^31 elements (views over the
+    huge caches' own storage, away from the slots written): the token index times the token stride must
+    be formed in 64 bits."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(37)
+    dev = k_cache.device
+    shape, strides = (3, NUM_KV_HEADS, HEAD_DIM), (TOKEN_STRIDE, HEAD_DIM, 1)
+    k, v = (c.view(-1).as_strided(shape, strides) for c in huge_caches)
+    last = NUM_BLOCKS - 1
+    touched = [1, 2, last]
+    for b in touched:
+        k_cache[b] = _random_block(gen, dev)
+        v_cache[b] = _random_block(gen, dev)
+    for t in range(3):
+        k[t] = torch.randn(NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+        v[t] = torch.randn(NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+    assert 2 * TOKEN_STRIDE > 2**31 and (2 * TOKEN_STRIDE) // ELEMENTS_PER_BLOCK not in touched
+    slots = [BLOCK_SIZE + 3, last * BLOCK_SIZE + 5, 2 * BLOCK_SIZE]
+    want_k = {b: k_cache[b].clone() for b in touched}
+    want_v = {b: v_cache[b].clone() for b in touched}
+    for t, s in enumerate(slots):
+        want_k[s // BLOCK_SIZE][s % BLOCK_SIZE], want_v[s // BLOCK_SIZE][s % BLOCK_SIZE] = k[t], v[t]
+    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device=dev))
+    for b in touched:
+        checks.assert_bitwise_equal(k_cache[b], want_k[b], what=f"k_cache[{b}]", context="write_kv/tokens")
+        checks.assert_bitwise_equal(v_cache[b], want_v[b], what=f"v_cache[{b}]", context="write_kv/tokens")

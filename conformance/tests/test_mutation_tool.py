@@ -6,6 +6,7 @@ a killed, a crashed, a hung and a surviving mutant of a tiny fake project (no Tr
 from __future__ import annotations
 
 import ast
+import json
 import textwrap
 
 import pytest
@@ -203,3 +204,30 @@ def test_the_runner_classifies_mutants_of_a_fake_project_in_a_private_copy(tmp_p
         ws.remove()
     assert (repo / "refengine" / "mathy.py").read_text() == FAKE_MODULE  # the tree itself never written
     assert not ws.root.exists()
+
+
+def test_the_report_renders_every_outcome_and_the_equivalence_reason(tmp_path):
+    from pagedbench.conformance.mutation_check import Target, Verdict
+    from pagedbench.conformance.mutation_report import write_report
+    from pagedbench.conformance.mutation_runner import RunResult
+
+    target = Target("m.py", ("compare_boundary",), ("t.py",))
+    (m,) = one("def f(a, b):\n    return a <= b\n", "compare_boundary")
+    verdicts = [
+        Verdict(target, m, RunResult(o, "t.py::test_f" if o != "survived" else "", "why", 1.0, 1), reason)
+        for o, reason in [
+            ("killed", None),
+            ("error", None),
+            ("crashed", None),
+            ("timeout", None),
+            ("survived", None),
+            ("survived", "no caller can tell"),
+        ]
+    ]
+    base = {"m.py": RunResult("survived", "", "", 2.0, 0)}
+    rec = write_report(tmp_path, verdicts, base=base, found=9, seconds=60.0, options={}, planned=8, complete=False)
+    assert rec["score"] == {"killed": 1, "error": 1, "crashed": 1, "timeout": 1, "equivalent": 1, "survived": 1}
+    text = (tmp_path / "mutation.md").read_text()
+    assert "**Score: 4 of 6 killed**" in text and "Partial: the run was stopped after 6 of its 8 mutants" in text
+    assert "no caller can tell" in text and "SURVIVED" in text and "`a <= b` → `a < b`" in text
+    assert json.loads((tmp_path / "mutation.json").read_text())["mutants"][5]["equivalent"] == "no caller can tell"
