@@ -123,7 +123,7 @@ def all_mutants(root: Path = REPO_ROOT) -> list[tuple[Target, ops.Mutant]]:
 def sample(mutants: list, *, per_operator: int, max_mutants: int, seed: int) -> list:
     """At most ``per_operator`` of each (file, operator), then at most ``max_mutants`` in all, drawn
     round-robin over the (file, operator) groups so every operator keeps its share; seeded, so the same
-    tree always gives the same mutants. Returned in source order."""
+    tree always gives the same mutants. Returned in run order (:func:`interleave_files`)."""
     groups: dict[tuple[str, str], list] = {}
     for item in mutants:
         groups.setdefault((item[1].path, item[1].operator), []).append(item)
@@ -136,8 +136,21 @@ def sample(mutants: list, *, per_operator: int, max_mutants: int, seed: int) -> 
         for group in picked:
             if group and len(chosen) < max_mutants:
                 chosen.append(group.pop(0))
+    return interleave_files(chosen, mutants)
+
+
+def interleave_files(chosen: list, mutants: list) -> list:
+    """``chosen`` in run order: one mutant of each file in turn (each file's in source order), so a run
+    stopped early has covered every file alike."""
     order = {id(item): i for i, item in enumerate(mutants)}
-    return sorted(chosen, key=lambda item: order[id(item)])
+    by_file: dict[str, list] = {}
+    for item in sorted(chosen, key=lambda item: order[id(item)]):
+        by_file.setdefault(item[1].path, []).append(item)
+    queues = list(by_file.values())
+    out = []
+    while any(queues):
+        out += [q.pop(0) for q in queues if q]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(verdicts: list[Verdict], complete: bool) -> None:
         # rewritten after every mutant, so a run stopped early still leaves a valid report of what ran
-        order = {id(m): i for i, (_, m) in enumerate(chosen)}
+        files = [t.path for t in TARGETS]
         write_report(
             args.out,
-            sorted(verdicts, key=lambda v: order[id(v.mutant)]),
+            sorted(verdicts, key=lambda v: (files.index(v.mutant.path), v.mutant.line, v.mutant.mutant_id)),
             base=base,
             found=len(found),
             planned=len(chosen),
