@@ -63,6 +63,7 @@ TARGETS = (
             f"{SUITE}/test_int64_offsets.py",
             "kernels/tests/test_extreme_values.py",
             "kernels/tests/test_reads_in_bounds.py",
+            "kernels/tests/test_prefill_window_tiles.py",
             f"{SUITE}/test_decode.py",
             f"{SUITE}/test_prefill.py",
             "kernels/tests/test_decode_plan.py",  # forces 3 splits, which the suite's short cases clamp to 2

@@ -18,6 +18,13 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the top-p branch then also runs for a batch whose rows all have top_p == 1, where `keep` is all "
         "true (`| (top_p >= 1.0)`): sorted_probs and their cumulative sum come out unchanged"
     ),
+    ("kernels/attention_kernels.py", "_decode_partial_kernel", "drop_inf_guard", "m_safe = m_new"): (
+        "decode visits only key tiles of [start, seq_len) (tile_hi = cdiv(num_keys, BLOCK_N)), so every "
+        "visited tile holds a key of the sequence and every row's running max is finite there: the guard "
+        "only matters for float32 scores that overflow to -inf, where the oracle's answer is out of reach "
+        "either way (prefill, whose tiles can miss a row's window, keeps a live guard: "
+        "kernels/tests/test_prefill_window_tiles.py)"
+    ),
     (
         "kernels/attention_kernels.py",
         "_prefill_kernel",
