@@ -72,8 +72,11 @@ model: install
 test-model: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m model $(PYTEST_FLAGS)
 
+## The mutation check of the real source: mutants of the kernels, launchers, block manager, scheduler and
+## sampler against the tests that cover them; writes results/mutation.md and .json (~1 hour on 2 cores).
+MUTANT_FLAGS ?=
 mutants: install
-	$(PY) -m pytest -q -m mutants $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance.mutation_check $(MUTANT_FLAGS)
 
 ## All studies with their default configs; writes results/.
 bench: install

@@ -6,9 +6,12 @@ imports a module that registers another project's implementation (``@conformance
 
 Isolation: every suite module runs in a worker subprocess (``conformance.worker``) that streams each
 case's outcome to a file as it is known. When a worker dies (a signal such as SIGSEGV/SIGABRT, an exit
-without its final record, or ``--timeout`` seconds per module), the case it was running is recorded as
-``crashed`` and the module resumes in a fresh worker with the cases not yet reported (at most
-``MAX_RESUMES`` times; then the rest are ``crashed`` too). The gate itself imports no kernel and no
+without its final record, or ``--timeout`` seconds of running its cases), the case it was running is
+recorded as ``crashed`` and the module resumes in a fresh worker with the cases not yet reported (at most
+``MAX_RESUMES`` times; then the rest are ``crashed`` too). The ``--timeout`` clock starts once a worker
+has collected its cases; starting up and collecting get ``max(--timeout, MIN_COLLECT_TIMEOUT_S)``, so
+a short limit does not kill workers that are still importing torch on a loaded machine. The gate itself
+imports no kernel and no
 Triton; ours are imported by the worker only when the implementation is ours.
 
 Writes, atomically, ``DIR/NAME.json``::
@@ -36,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +53,8 @@ SUITE_DIR = Path(__file__).resolve().parent / "suite"
 #: what the suite needs whichever project's pytest configuration is in force where the gate runs
 SUITE_PYTEST_ARGS = ("-p", "pagedbench.conformance.pytest_plugin", "--import-mode=importlib")
 DEFAULT_TIMEOUT_S = 3600.0
+#: the least time a worker gets to start and collect its cases, whatever ``--timeout`` says
+MIN_COLLECT_TIMEOUT_S = 600.0
 MAX_RESUMES = 20
 
 
@@ -113,10 +119,36 @@ def _death(returncode: int | None, timeout_s: float) -> str:
     return f"exited with status {returncode} before finishing"
 
 
+def _has_collected(report: Path) -> bool:
+    try:
+        return '"event": "collected"' in report.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def _wait(proc: subprocess.Popen, report: Path, timeout_s: float) -> tuple[int | None, float]:
+    """(the worker's exit status, or None when it was killed at its limit; that limit): ``timeout_s``
+    from the moment it reported its collected cases, ``max(timeout_s, MIN_COLLECT_TIMEOUT_S)`` before."""
+    start = time.monotonic()
+    limit, deadline = max(timeout_s, MIN_COLLECT_TIMEOUT_S), None
+    while True:
+        try:
+            return proc.wait(timeout=0.2), limit
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if deadline is None and _has_collected(report):
+            limit, deadline = timeout_s, now + timeout_s
+        if now > (deadline if deadline is not None else start + limit):
+            proc.kill()
+            proc.wait()
+            return None, limit
+
+
 def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list[str], options: list[str],
                 timeout_s: float, run: ModuleRun, only: list[str] | None = None):
     """One worker over ``targets``; returns (collected nodeids or None, finished?, returncode or None on
-    timeout, the tail of its stderr)."""
+    timeout, how it died as the gate words it (meaningless when it finished), the tail of its stderr)."""
     report, only_file, stderr_path = (tmp / f"{name}.{s}" for s in ("jsonl", "only", "err"))
     cmd = [sys.executable, "-m", "pagedbench.conformance.worker", "--impl", impl, "--report", str(report)]
     for m in loads:
@@ -126,24 +158,21 @@ def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list
         cmd += ["--only", str(only_file)]
     cmd += ["--", *targets, *options]
     with stderr_path.open("w") as err:
-        try:
-            returncode = subprocess.run(cmd, stderr=err, timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            returncode = None
+        returncode, limit = _wait(subprocess.Popen(cmd, stderr=err), report, timeout_s)
     stderr = stderr_path.read_text(errors="replace")
     sys.stderr.write(stderr[-4000:])
     collected, finished = _read_events(report, run)
-    return collected, finished, returncode, stderr[-1500:]
+    return collected, finished, returncode, _death(returncode, limit), stderr[-1500:]
 
 
 def collect(impl: str, loads: list[str], options: list[str], timeout_s: float, run: ModuleRun) -> list[str]:
     """The selected cases of the whole suite (one collect-only worker), in run order."""
     with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
-        collected, _finished, returncode, tail = _run_worker(
+        collected, _finished, _returncode, death, tail = _run_worker(
             Path(tmp), "collect", impl, loads, [str(SUITE_DIR)], [*options, "--collect-only"], timeout_s, run)
     if run.unknown is None and collected is None:
         run.cases[str(SUITE_DIR)] = {"outcome": "crashed", "category": "numerics",
-                                     "message": f"worker {_death(returncode, timeout_s)} while collecting\n{tail}"}
+                                     "message": f"worker {death} while collecting\n{tail}"}
     return collected or []
 
 
@@ -154,11 +183,10 @@ def run_module(module: Path, impl: str, loads: list[str], options: list[str], ti
     category = outcomes.MODULE_CATEGORY.get(module.name, "numerics")
     with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
         for attempt in range(MAX_RESUMES + 1):
-            collected, finished, returncode, tail = _run_worker(
+            collected, finished, returncode, death, tail = _run_worker(
                 Path(tmp), str(attempt), impl, loads, [str(module)], options, timeout_s, run, only)
             if run.unknown is not None or (finished and returncode is not None and returncode >= 0):
                 return
-            death = _death(returncode, timeout_s)
             if collected is None:  # died before its cases were known: the module stands for them
                 run.cases[str(module)] = {"outcome": "crashed", "category": category,
                                           "message": f"worker {death} before collecting {module.name}\n{tail}"}
@@ -212,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable)")
     parser.add_argument("--full", action="store_true", help="include the `slow` full grids")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds one suite module may run before its worker is killed "
+                        help=f"seconds a suite module's worker may run its cases before it is killed "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--strict-validation", action="store_true",
                         help="fail the gate on validation findings too (accepts invalid input, ...)")

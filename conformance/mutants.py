@@ -17,7 +17,7 @@ import itertools
 import math
 
 import torch
-from pagedbench.conformance.adapter import Implementation, register
+from pagedbench.conformance.adapter import Implementation, NotSupported, register
 
 
 @register("control")
@@ -111,6 +111,8 @@ class ControlImplementation(Implementation):
                          return_lse)
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):  # flat offsets need a dense layout
+            raise NotSupported("the control writes dense caches only")
         keep = self._written(slot_mapping)
         per_slot = k_cache.shape[2] * k_cache.shape[3]
         index = self._slot_offsets(slot_mapping[keep], per_slot)[:, None] + torch.arange(per_slot)

@@ -274,6 +274,15 @@ def test_a_block_filled_by_append_is_cached_only_once_its_prompt_is_written(impl
     m.check_invariants()
 
 
+def test_a_block_filled_by_append_is_cached_as_it_fills(impl):
+    """With ``publish=True`` (KV written as tokens come) the block an append fills is cached at once."""
+    m = impl.block_manager(12, 4, enable_prefix_caching=True)
+    m.allocate("a", [1, 2, 3])
+    m.append_token("a", 4)  # block 0 is full
+    assert m.allocate("b", [1, 2, 3, 4, 9]) == 4 and m.block_table("b")[0] == m.block_table("a")[0]
+    m.check_invariants()
+
+
 def test_token_ids_and_has_sequence(bm):
     tokens = bm.token_ids("a")
     assert tokens == [1, 2, 3, 4, 5, 6]

@@ -5,6 +5,13 @@ The caches are ``torch.empty`` (untouched pages cost no RAM); only the few block
 written, near the end of the cache (element offsets above 2^31) and at block 0. Each test records its
 resident-memory growth across the call (``rss_growth_mib``), so an implementation that copies the cache
 shows.
+
+On the CPU each cache starts ``WRAP_GUARD_ELEMENTS`` (2^31) elements into its allocation. An offset
+formed in 32 bits wraps to ``true - 2^32``, at least ``-2^31`` here: the wrapped access lands inside
+that guard (reserved, never written by a correct implementation), so an int32 offset fails the value
+checks below with an assertion instead of killing the process with a SIGSEGV at an unmapped address.
+On a GPU the guard would cost 8 GiB of device memory, so there a wrapped offset faults instead (an
+illegal address, which the gate records as a crash).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM = 16, 1, 64
 ELEMENTS_PER_BLOCK = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM
 NUM_BLOCKS = 2**31 // ELEMENTS_PER_BLOCK + 8  # 2^31 + 8192 elements per cache (4 GiB in float16)
 DTYPE = torch.float16
+WRAP_GUARD_ELEMENTS = 2**31
 
 
 def _rss_mib() -> float:
@@ -37,11 +45,16 @@ def huge_caches(impl):
     """K and V caches of NUM_BLOCKS blocks on the implementation's device, uninitialised (shared by the
     tests of this module)."""
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    guard = WRAP_GUARD_ELEMENTS if torch.device(impl.device).type == "cpu" else 0
+    size = NUM_BLOCKS * ELEMENTS_PER_BLOCK
+
+    def cache() -> torch.Tensor:
+        return torch.empty(guard + size, dtype=DTYPE, device=impl.device)[guard:].view(shape)
+
     try:
-        return (torch.empty(shape, dtype=DTYPE, device=impl.device),
-                torch.empty(shape, dtype=DTYPE, device=impl.device))
+        return cache(), cache()
     except RuntimeError as e:  # pragma: no cover - a machine without the address space
-        pytest.skip(f"cannot reserve two {NUM_BLOCKS * ELEMENTS_PER_BLOCK * 2 / 2**30:.1f} GiB caches: {e}")
+        pytest.skip(f"cannot reserve two {(guard + size) * 2 / 2**30:.1f} GiB caches: {e}")
 
 
 def _random_block(gen: torch.Generator, device) -> torch.Tensor:
@@ -98,8 +111,7 @@ def test_decode_reads_blocks_past_2_31_elements(impl, huge_caches):
     out = impl.paged_decode(q, k_cache, v_cache, tables, lens, out=torch.full_like(q, float("nan")))
     checks.record("rss_growth_mib", _rss_mib() - rss)
     tol = TOLERANCES[DTYPE]
-    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
-                        context="decode/huge")
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="decode/huge")
 
 
 def test_prefill_reads_blocks_past_2_31_elements(impl, huge_caches):
@@ -123,8 +135,7 @@ def test_prefill_reads_blocks_past_2_31_elements(impl, huge_caches):
     out = impl.paged_prefill(q, k_cache, v_cache, tables, lens, cu, out=torch.full_like(q, float("nan")))
     checks.record("rss_growth_mib", _rss_mib() - rss)
     tol = TOLERANCES[DTYPE]
-    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
-                        context="prefill/huge")
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="prefill/huge")
 
 
 @pytest.mark.parametrize("pair_dtype", [torch.int64, torch.int32])
@@ -177,5 +188,98 @@ def test_contiguous_decode_past_2_31_elements(impl, huge_caches):
     out = impl.contiguous_decode(q, k, v, lens, out=torch.full_like(q, float("nan")))
     checks.record("rss_growth_mib", _rss_mib() - rss)
     tol = TOLERANCES[DTYPE]
-    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
-                        context="contiguous/huge")
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="contiguous/huge")
+
+
+HEAD_STRIDE = 2**30 + 1024  # fits int32; twice it does not
+NUM_VIEW_BLOCKS, NUM_VIEW_KV_HEADS = 6, 3
+
+
+def _head_strided(cache: torch.Tensor) -> torch.Tensor:
+    """The first blocks of a huge cache seen as 3 KV heads HEAD_STRIDE elements apart: the third head's
+    rows start past 2^31 elements (a view, nothing allocated; its last element is the cache's last)."""
+    shape = (NUM_VIEW_BLOCKS, BLOCK_SIZE, NUM_VIEW_KV_HEADS, HEAD_DIM)
+    view = cache.view(-1).as_strided(shape, (ELEMENTS_PER_BLOCK, HEAD_DIM, HEAD_STRIDE, 1))
+    last = (NUM_VIEW_BLOCKS - 1) * ELEMENTS_PER_BLOCK + (BLOCK_SIZE - 1) * HEAD_DIM + 2 * HEAD_STRIDE + HEAD_DIM - 1
+    assert 2 * HEAD_STRIDE > 2**31 and last < cache.numel()
+    return view
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill", "write_kv", "copy_blocks"])
+def test_kv_heads_past_2_31_elements(impl, huge_caches, op):
+    """Caches whose KV-head stride fits int32 but whose third head starts past 2^31 elements: the head
+    index times the head stride must be formed in 64 bits too (the KV head a program works on; the head
+    of a flattened (head, dim) element in the cache writes)."""
+    k_cache, v_cache = (_head_strided(c) for c in huge_caches)
+    gen = torch.Generator().manual_seed(36)
+    dev = k_cache.device
+    for c in (k_cache, v_cache):
+        c[:] = torch.randn(c.shape, generator=gen).to(DTYPE).to(dev)
+    num_heads = 2 * NUM_VIEW_KV_HEADS
+    tol = TOLERANCES[DTYPE]
+    tables = torch.tensor([[3, 0, 5]], dtype=torch.int32)
+    lens = torch.tensor([2 * BLOCK_SIZE + 7], dtype=torch.int32)
+    if op == "decode":
+        q = (torch.randn(1, num_heads, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        ref = oracle.decode(q, k_cache, v_cache, tables, lens)
+        q, out = q.to(dev), torch.full_like(q, float("nan")).to(dev)
+        out = impl.paged_decode(q, k_cache, v_cache, tables.to(dev), lens.to(dev), out=out)
+        checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="decode/heads")
+    elif op == "prefill":
+        q_len = BLOCK_SIZE + 3
+        q = (torch.randn(q_len, num_heads, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        cu = torch.tensor([0, q_len], dtype=torch.int32)
+        ref = oracle.prefill(q, k_cache, v_cache, tables, lens, cu)
+        q, out = q.to(dev), torch.full_like(q, float("nan")).to(dev)
+        out = impl.paged_prefill(q, k_cache, v_cache, tables.to(dev), lens.to(dev), cu.to(dev), out=out)
+        checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="prefill/heads")
+    elif op == "write_kv":
+        slots = [5 * BLOCK_SIZE + 2, 0, 3 * BLOCK_SIZE + BLOCK_SIZE - 1]
+        k = torch.randn(len(slots), NUM_VIEW_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+        v = torch.randn(len(slots), NUM_VIEW_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        for t, s in enumerate(slots):
+            want_k[s // BLOCK_SIZE, s % BLOCK_SIZE], want_v[s // BLOCK_SIZE, s % BLOCK_SIZE] = k[t], v[t]
+        impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device=dev))
+        checks.assert_bitwise_equal(k_cache, want_k, what="k_cache", context="write_kv/heads")
+        checks.assert_bitwise_equal(v_cache, want_v, what="v_cache", context="write_kv/heads")
+    else:
+        pairs = [(5, 1), (0, 4)]
+        want_k, want_v = k_cache.clone(), v_cache.clone()
+        for src, dst in pairs:
+            want_k[dst], want_v[dst] = want_k[src].clone(), want_v[src].clone()
+        impl.copy_blocks(k_cache, v_cache, torch.tensor(pairs, dtype=torch.int64, device=dev))
+        checks.assert_bitwise_equal(k_cache, want_k, what="k_cache", context="copy_blocks/heads")
+        checks.assert_bitwise_equal(v_cache, want_v, what="v_cache", context="copy_blocks/heads")
+
+
+TOKEN_STRIDE = 2**30 + 1024  # fits int32; twice it does not
+
+
+def test_write_kv_tokens_past_2_31_elements(impl, huge_caches):
+    """Tokens of ``k``/``v`` TOKEN_STRIDE elements apart, the third past 2^31 elements (views over the
+    huge caches' own storage, away from the slots written): the token index times the token stride must
+    be formed in 64 bits."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(37)
+    dev = k_cache.device
+    shape, strides = (3, NUM_KV_HEADS, HEAD_DIM), (TOKEN_STRIDE, HEAD_DIM, 1)
+    k, v = (c.view(-1).as_strided(shape, strides) for c in huge_caches)
+    last = NUM_BLOCKS - 1
+    touched = [1, 2, last]
+    for b in touched:
+        k_cache[b] = _random_block(gen, dev)
+        v_cache[b] = _random_block(gen, dev)
+    for t in range(3):
+        k[t] = torch.randn(NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+        v[t] = torch.randn(NUM_KV_HEADS, HEAD_DIM, generator=gen).to(DTYPE).to(dev)
+    assert 2 * TOKEN_STRIDE > 2**31 and (2 * TOKEN_STRIDE) // ELEMENTS_PER_BLOCK not in touched
+    slots = [BLOCK_SIZE + 3, last * BLOCK_SIZE + 5, 2 * BLOCK_SIZE]
+    want_k = {b: k_cache[b].clone() for b in touched}
+    want_v = {b: v_cache[b].clone() for b in touched}
+    for t, s in enumerate(slots):
+        want_k[s // BLOCK_SIZE][s % BLOCK_SIZE], want_v[s // BLOCK_SIZE][s % BLOCK_SIZE] = k[t], v[t]
+    impl.write_kv(k, v, k_cache, v_cache, torch.tensor(slots, dtype=torch.int64, device=dev))
+    for b in touched:
+        checks.assert_bitwise_equal(k_cache[b], want_k[b], what=f"k_cache[{b}]", context="write_kv/tokens")
+        checks.assert_bitwise_equal(v_cache[b], want_v[b], what=f"v_cache[{b}]", context="write_kv/tokens")

@@ -4,6 +4,7 @@ Pure torch, written here (nothing from ``pagedbench.kernels``), as another proje
 
 * ``outside-nolse``  -- a correct paged decode that declares no LSE (``returns_lse=False``);
 * ``outside-aborts`` -- its decode calls ``os.abort()`` (a crash in native code, as a segfault);
+* ``outside-hangs``  -- its ``write_kv`` never returns;
 * ``outside-sloppy`` -- correct on valid input, but its decode accepts a batch whose sequence count
   does not match (returns zeros), and its ``write_kv`` writes the cache before it raises on bad shapes.
 
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 from pagedbench.conformance.adapter import Capabilities, Implementation, register
@@ -87,3 +89,12 @@ class Sloppy(NoLse):
         keep = slots >= 0
         k_cache.view(-1, *k_cache.shape[2:])[slots[keep]] = k[keep]
         v_cache.view(-1, *v_cache.shape[2:])[slots[keep]] = v[keep]
+
+
+@register("outside-hangs")
+class Hangs(NoLse):
+    """Its ``write_kv`` never returns (a deadlocked kernel, say): only the gate's --timeout ends it."""
+
+    def write_kv(self, *args, **kwargs):
+        while True:
+            time.sleep(1)

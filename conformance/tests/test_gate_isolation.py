@@ -1,7 +1,7 @@
 """The gate against outside implementations (``outside_impls``, loaded with ``--load``): crashes are
-recorded and the files still written, validation findings go to their own column, a rejection that
-corrupts the cache fails, an implementation without LSE still has its output judged, and the gate
-imports neither our kernels nor Triton for it.
+recorded and the files still written, a hang is ended by ``--timeout``, validation findings go to their
+own column, a rejection that corrupts the cache fails, an implementation without LSE still has its
+output judged, and the gate imports neither our kernels nor Triton for it.
 
 Each test is one or two gate subprocesses on a one- or two-case selection.
 """
@@ -88,3 +88,23 @@ def test_without_lse_outputs_are_still_judged_and_no_kernel_is_imported(tmp_path
     assert len(records) >= 2  # the collecting worker and the one that ran the case
     for r in records:
         assert r["modules"] == [] and r["TRITON_INTERPRET"] is None, r
+
+
+def test_a_hanging_implementation_is_timed_out_and_the_files_are_written(tmp_path):
+    """``--timeout``: the worker of a module whose case never returns is killed after that many seconds,
+    the case is recorded as crashed with the reason, and both files are still written. The clock starts
+    once a worker has collected its cases, so a short limit holds however long the worker took to
+    import torch."""
+    timeout_s = 4
+    run, summary = gate(tmp_path, "outside-hangs", "-k", "test_write_kv_writes_exactly_its_slots",
+                        "--case", "write_kv/bs=5,blocks=9,", "--timeout", str(timeout_s))
+    assert run.returncode == 1, run.stdout[-2000:]
+    (nodeid, entry), = summary["cases"].items()
+    assert "test_write_kv_writes_exactly_its_slots" in nodeid and "bs=5,blocks=9," in nodeid, nodeid
+    assert entry["outcome"] == "crashed", entry
+    assert entry["message"].startswith(f"worker timed out after {timeout_s} s while this case ran"), entry
+    assert summary["counts"]["crashed"] == 1 and summary["counts"]["pass"] == 0
+    junit = (tmp_path / "outside-hangs.junit.xml").read_text()
+    assert junit.count("<testcase") == 1 and junit.count('<error type="crashed"') == 1
+    assert "timed out after" in junit
+    assert not list(tmp_path.glob(".*.tmp"))

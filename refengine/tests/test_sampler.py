@@ -148,3 +148,43 @@ def test_unseeded_requests_each_get_their_own_generator(loaded):
     pair = run(loaded, [PROMPT, PROMPT], p)
     assert pair[0] != pair[1], "two unseeded requests drew the same tokens"
     assert pair[0] == run(loaded, [PROMPT], p)[0], "an unseeded request's tokens depend on its batch"
+
+
+@pytest.mark.parametrize("top_p,want", [(0.5, [0.5, 0.5, 0.0, 0.0]), (0.75, [1 / 3, 1 / 3, 1 / 3, 0.0])])
+def test_top_p_stops_at_the_token_whose_mass_reaches_it_exactly(top_p, want):
+    """Four equally likely tokens (0.25 each, exact in binary): the smallest prefix whose mass reaches
+    ``top_p`` holds exactly ``top_p / 0.25`` tokens, not one more."""
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    got = kept_distribution(torch.zeros(1, 4, dtype=torch.float64), [params]).probabilities()[0]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def test_top_p_one_keeps_tokens_past_a_mass_that_rounded_to_one():
+    """With ``top_p=1`` every token is kept, even one whose preceding mass has rounded to 1.0 (logits
+    0, 0, -40: probabilities 0.5, 0.5 and 2e-18), also when another row of the batch cuts by top-p."""
+    logits = torch.tensor([[0.0, 0.0, -40.0], [0.0, 0.0, -40.0]], dtype=torch.float64)
+    params = [SamplingParams(temperature=1.0, top_p=1.0), SamplingParams(temperature=1.0, top_p=0.5)]
+    got = kept_distribution(logits, params).probabilities()
+    torch.testing.assert_close(got[0], torch.softmax(logits[0], dim=0), rtol=1e-12, atol=0)
+    assert got[0, 2] > 0 and got[1, 2] == 0
+
+
+def pin_uniform(monkeypatch, u: float) -> None:
+    """Every draw the sampler makes returns ``u`` (the generator is still passed, and ignored)."""
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.tensor(u, dtype=torch.float64))
+
+
+def test_a_draw_on_a_cumulative_boundary_takes_the_next_token(monkeypatch):
+    """The drawn token is the first whose cumulative mass *exceeds* u x mass: two equally likely tokens
+    and u = 0.5 (cumulative masses 0.5, 1.0) give the second."""
+    pin_uniform(monkeypatch, 0.5)
+    params = SamplingParams(temperature=1.0)
+    assert sample_batch(torch.zeros(1, 2), [params], [torch.Generator()]) == [1]
+
+
+def test_a_draw_that_rounds_up_to_the_kept_mass_stays_on_a_kept_token(monkeypatch):
+    """u x mass reaching the whole kept mass (rounding; pinned here with u = 1) draws the least likely
+    kept token, never one that top-k cut: with top_k=2 the second most likely of LOGITS (token 0)."""
+    pin_uniform(monkeypatch, 1.0)
+    params = SamplingParams(temperature=1.0, top_k=2)
+    assert sample_batch(torch.tensor([LOGITS]), [params], [torch.Generator()]) == [0]

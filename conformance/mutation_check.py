@@ -1,0 +1,291 @@
+"""The mutation check of the real source (``make mutants``): mutants of our kernels, launchers, block
+manager, scheduler and sampler, each run against the tests that cover its file, reported in
+``results/mutation.md`` and ``results/mutation.json``.
+
+``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants 70] [--seed 0] [--only TEXT]
+[--out results]``
+
+Why not a general tool: mutmut 3 skips every decorated function (so no ``@triton.jit`` kernel is
+mutated) and imports the package from its own copy, which our ``pagedbench.*`` folder mapping defeats;
+cosmic-ray rewrites the working tree in place with generic operators. So the operators are ours
+(:mod:`conformance.mutation_operators`: exact-span text rewrites, kernels stay valid source) and so is the
+runner (:mod:`conformance.mutation_runner`: one private copy of the tree per worker, a timeout per run).
+
+Each file's mutants are sampled per operator (seeded, ``--per-operator`` each) and then overall
+(``--max-mutants``); the unmutated copy must pass each file's tests first (its time sets the timeout).
+A mutant that survives and is listed in :data:`conformance.mutation_equivalents.EQUIVALENT` is reported
+as equivalent, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagedbench.conformance import mutation_operators as ops
+from pagedbench.conformance.gate_environment import host_environment
+from pagedbench.conformance.mutation_equivalents import equivalence_reason
+from pagedbench.conformance.mutation_report import write_report
+from pagedbench.conformance.mutation_runner import RunResult, Workspace, run_tests
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNEL_OPS = (
+    "int32_offset",
+    "bound_plus_one",
+    "bound_minus_one",
+    "drop_mask",
+    "swap_dot_operands",
+    "drop_inf_guard",
+    "compare_boundary",
+)
+SUITE = "conformance/suite"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A file to mutate, its operators, and the tests that cover it (fastest killers first)."""
+
+    path: str
+    operators: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+TARGETS = (
+    Target(
+        "kernels/attention_kernels.py",
+        KERNEL_OPS,
+        (  # the fast files first: most mutants die there, before the large modules are collected
+            f"{SUITE}/test_int64_offsets.py",
+            "kernels/tests/test_extreme_values.py",
+            "kernels/tests/test_reads_in_bounds.py",
+            "kernels/tests/test_prefill_window_tiles.py",
+            f"{SUITE}/test_decode.py",
+            f"{SUITE}/test_prefill.py",
+            "kernels/tests/test_decode_plan.py",  # forces 3 splits, which the suite's short cases clamp to 2
+            "kernels/tests/test_dot_path.py",
+        ),
+    ),
+    Target(
+        "kernels/cache_kernels.py",
+        KERNEL_OPS,
+        (
+            f"{SUITE}/test_cache_ops.py",
+            f"{SUITE}/test_int64_offsets.py",
+            "kernels/tests/test_cache_tiles.py",
+            "kernels/tests/test_reads_in_bounds.py",
+            f"{SUITE}/test_copy_on_write_data.py",
+        ),
+    ),
+    Target(
+        "kernels/attention.py",
+        ("launch_arg_plus_one", "grid_minus_one"),
+        (f"{SUITE}/test_decode.py", f"{SUITE}/test_prefill.py", "kernels/tests/test_decode_plan.py"),
+    ),
+    Target(
+        "kernels/cache_ops.py",
+        ("launch_arg_plus_one", "grid_minus_one"),
+        (f"{SUITE}/test_cache_ops.py", "kernels/tests/test_cache_tiles.py", f"{SUITE}/test_copy_on_write_data.py"),
+    ),
+    Target(
+        "refengine/kv/block_manager.py",
+        ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one"),
+        (
+            f"{SUITE}/test_block_manager.py",
+            f"{SUITE}/test_block_manager_scenarios.py",
+            f"{SUITE}/test_copy_on_write_data.py",
+            f"{SUITE}/test_block_manager_stateful.py",
+        ),
+    ),
+    Target(
+        "refengine/engine/scheduler.py",
+        ("compare_boundary", "preempt_oldest", "budget_not_charged"),
+        ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"),
+    ),
+    Target(
+        "refengine/model/sampling.py",
+        ("compare_boundary", "const_off_by_one", "sampler_arith"),
+        ("refengine/tests/test_sampler.py",),
+    ),
+)
+#: pytest options for every run: the suite checks our implementation only
+PYTEST_EXTRA = ("--impl", "triton")
+
+
+def all_mutants(root: Path = REPO_ROOT) -> list[tuple[Target, ops.Mutant]]:
+    found = []
+    for target in TARGETS:
+        chosen = {name: ops.OPERATORS[name] for name in target.operators}
+        found += [(target, m) for m in ops.read_mutants(root, target.path, chosen)]
+    return found
+
+
+def sample(mutants: list, *, per_operator: int, max_mutants: int, seed: int) -> list:
+    """At most ``per_operator`` of each (file, operator), then at most ``max_mutants`` in all, drawn
+    round-robin over the (file, operator) groups so every operator keeps its share; seeded, so the same
+    tree always gives the same mutants. Returned in run order (:func:`interleave_files`)."""
+    groups: dict[tuple[str, str], list] = {}
+    for item in mutants:
+        groups.setdefault((item[1].path, item[1].operator), []).append(item)
+    picked = []
+    for key, items in groups.items():
+        rng = random.Random(f"{seed}:{key[0]}:{key[1]}")
+        picked.append(rng.sample(items, min(per_operator, len(items))))
+    chosen = []
+    while len(chosen) < max_mutants and any(picked):
+        for group in picked:
+            if group and len(chosen) < max_mutants:
+                chosen.append(group.pop(0))
+    return interleave_files(chosen, mutants)
+
+
+def interleave_files(chosen: list, mutants: list) -> list:
+    """``chosen`` in run order: one mutant of each file in turn (each file's in source order), so a run
+    stopped early has covered every file alike."""
+    order = {id(item): i for i, item in enumerate(mutants)}
+    by_file: dict[str, list] = {}
+    for item in sorted(chosen, key=lambda item: order[id(item)]):
+        by_file.setdefault(item[1].path, []).append(item)
+    queues = list(by_file.values())
+    out = []
+    while any(queues):
+        out += [q.pop(0) for q in queues if q]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    target: Target
+    mutant: ops.Mutant
+    result: RunResult
+    equivalent: str | None  # the reason, for a survivor known to be equivalent
+
+
+def run_check(mutants: list, *, jobs: int, timeouts: dict[str, float], log=print, progress=None) -> list[Verdict]:
+    """Every mutant in a private workspace (one per worker thread, restored after each run).
+    ``progress(verdicts so far)`` is called after each one (under a lock)."""
+    local = threading.local()
+    workspaces: list[Workspace] = []
+    lock = threading.Lock()
+    finished: list[Verdict] = []
+
+    def one(item) -> Verdict:
+        target, mutant = item
+        if not hasattr(local, "ws"):
+            local.ws = Workspace(REPO_ROOT)
+            with lock:
+                workspaces.append(local.ws)
+        local.ws.write(mutant.path, mutant.source)
+        try:
+            result = run_tests(local.ws, target.tests, timeouts[target.path], PYTEST_EXTRA)
+        finally:
+            local.ws.restore(mutant.path)
+        reason = equivalence_reason(mutant) if result.outcome == "survived" else None
+        verdict = Verdict(target, mutant, result, reason)
+        with lock:
+            finished.append(verdict)
+            if progress is not None:
+                progress(list(finished))
+            log(
+                f"[{len(finished)}/{len(mutants)}] {result.outcome:8} {result.seconds:5.0f}s {mutant.operator} "
+                f"{mutant.location} {result.test}"
+            )
+        return verdict
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, mutants))
+    finally:
+        for ws in workspaces:
+            ws.remove()
+
+
+def baselines(targets: list[Target], *, jobs: int, log=print) -> dict[str, RunResult]:
+    """Each target's tests on the unmutated copy: they must pass, and their time sets the timeout."""
+    ws = Workspace(REPO_ROOT)  # read only here: the runs can share it
+
+    def one(t: Target) -> RunResult:
+        r = run_tests(ws, t.tests, 1800, PYTEST_EXTRA)
+        log(f"baseline {t.path}: {r.outcome} in {r.seconds:.0f} s")
+        return r
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            out = dict(zip((t.path for t in targets), pool.map(one, targets)))
+    finally:
+        ws.remove()
+    for path, r in out.items():
+        if r.outcome != "survived":
+            raise SystemExit(f"the unmutated tests of {path} do not pass: {r.outcome} {r.test} {r.detail}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--max-mutants", type=int, default=70)
+    parser.add_argument("--per-operator", type=int, default=5, help="at most this many per (file, operator)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="only mutants whose file, operator or id contains this text (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results")
+    parser.add_argument("--list", action="store_true", help="list the sampled mutants and exit")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    environment = host_environment()  # the commit the mutants are made from, before anything else changes
+    found = all_mutants()
+    chosen = sample(found, per_operator=args.per_operator, max_mutants=args.max_mutants, seed=args.seed)
+    if args.only:
+        chosen = [(t, m) for t, m in chosen if any(w in m.mutant_id for w in args.only)]
+    if args.list:
+        for _, m in chosen:
+            print(m.mutant_id)
+        return 0
+    targets = [t for t in TARGETS if any(t is c[0] for c in chosen)]
+    base = baselines(targets, jobs=args.jobs)
+    timeouts = {p: max(90.0, 3 * r.seconds) for p, r in base.items()}
+    options = {
+        "jobs": args.jobs,
+        "max_mutants": args.max_mutants,
+        "per_operator": args.per_operator,
+        "seed": args.seed,
+        "only": args.only,
+    }
+
+    def report(verdicts: list[Verdict], complete: bool) -> None:
+        # rewritten after every mutant, so a run stopped early still leaves a valid report of what ran
+        files = [t.path for t in TARGETS]
+        write_report(
+            args.out,
+            sorted(verdicts, key=lambda v: (files.index(v.mutant.path), v.mutant.line, v.mutant.mutant_id)),
+            base=base,
+            found=len(found),
+            planned=len(chosen),
+            seconds=time.perf_counter() - start,
+            options=options,
+            environment=environment,
+            complete=complete,
+        )
+
+    verdicts = run_check(chosen, jobs=args.jobs, timeouts=timeouts, progress=lambda v: report(v, False))
+    report(verdicts, True)
+    survivors = [v for v in verdicts if v.result.outcome == "survived" and not v.equivalent]
+    print(
+        f"mutation check: {len(verdicts) - len(survivors)} of {len(verdicts)} killed or equivalent; "
+        f"wrote {args.out / 'mutation.md'}"
+    )
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

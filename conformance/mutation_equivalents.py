@@ -1,0 +1,50 @@
+"""Mutants of the real source that no test can kill because they change nothing observable, each with
+the reason. Keyed by (file, function, operator, the mutated line with its whitespace collapsed), so an
+entry survives line moves but not a change to the line itself (a test checks every entry still matches).
+
+A surviving mutant that is *not* here is a gap in the tests: the mutation check fails on it.
+"""
+
+from __future__ import annotations
+
+from pagedbench.conformance.mutation_operators import Mutant
+
+EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    ("refengine/kv/block_manager.py", "_publish", "compare_boundary", "if i > upto_blocks:"): (
+        "with i == upto_blocks the early return is skipped, but the rest publishes nothing (the loop runs "
+        "while i < upto_blocks) and stores back the same num_published, chain hash and chain key"
+    ),
+    ("refengine/model/sampling.py", "kept_distribution", "compare_boundary", "if bool((top_p <= 1.0).any()):"): (
+        "the top-p branch then also runs for a batch whose rows all have top_p == 1, where `keep` is all "
+        "true (`| (top_p >= 1.0)`): sorted_probs and their cumulative sum come out unchanged"
+    ),
+    ("kernels/attention_kernels.py", "_decode_partial_kernel", "drop_inf_guard", "m_safe = m_new"): (
+        "decode visits only key tiles of [start, seq_len) (tile_hi = cdiv(num_keys, BLOCK_N)), so every "
+        "visited tile holds a key of the sequence and every row's running max is finite there: the guard "
+        "only matters for float32 scores that overflow to -inf, where the oracle's answer is out of reach "
+        "either way (prefill, whose tiles can miss a row's window, keeps a live guard: "
+        "kernels/tests/test_prefill_window_tiles.py)"
+    ),
+    (
+        "kernels/attention_kernels.py",
+        "_prefill_kernel",
+        "bound_plus_one",
+        "hi = tl.where(m_tile * BLOCK_M < (q_len) + 1, hi, lo)",
+    ): (
+        "a tile starting exactly at q_len holds no query of the sequence: it now visits keys, but every row "
+        "fails r_mask, so it stores nothing"
+    ),
+    ("kernels/attention_kernels.py", "_prefill_kernel", "compare_boundary", "has_keys = l_i >= 0.0"): (
+        "every stored prefill row attends at least its own position, whose p = exp(0) = 1, so l_i >= 1 and "
+        "`l_i > 0` and `l_i >= 0` agree on every row that is stored (rows outside r_mask are not)"
+    ),
+}
+
+
+def key_of(mutant: Mutant) -> tuple[str, str, str, str]:
+    line = mutant.source.splitlines()[mutant.line - 1]
+    return (mutant.path, mutant.function, mutant.operator, " ".join(line.split()))
+
+
+def equivalence_reason(mutant: Mutant) -> str | None:
+    return EQUIVALENT.get(key_of(mutant))
