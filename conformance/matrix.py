@@ -28,7 +28,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from pagedbench.conformance import report_files
-from pagedbench.conformance.gate_environment import environment
+from pagedbench.conformance.gate_environment import host_environment
 
 MATRIX_SCHEMA_VERSION = 1
 PROPERTY_OF_MODULE = {
@@ -47,24 +47,6 @@ PROPERTIES = ("decode", "prefill", "cache ops", "int64 offsets", "metamorphic", 
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")
 REASON_CHARS = 180
-
-
-def host_environment() -> dict:
-    """Schema, time, git, machine and versions of the process building the matrix (no device: each row
-    carries the one its gate recorded)."""
-    record = {k: v for k, v in environment(None).items() if k not in ("device", "triton_interpret_at_start")}
-    record["machine"]["cpu"] = record["machine"]["cpu"] or _cpu_model()
-    return record
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def property_of(nodeid: str) -> str:
