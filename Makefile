@@ -112,6 +112,8 @@ clean:
 ## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
 MATRIX_OURS ?= triton torch torch-batched flex
 MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode sglang-decode:sglang_decode
+# what the matrix cannot show by itself (printed under its table; judged by reading the peers' source)
+MATRIX_NOTE ?= int64 offsets: test_kv_heads_past_2_31_elements gives the cache a KV-head stride that fits in 32 bits but puts the third head past 2^31 elements. vLLM's kernels annotate that stride tl.int64, which Triton's CPU interpreter ignores, so their failures there may not hold when compiled (not checked on a GPU); SGLang's decode kernel has no such annotation and forms head x stride in 32 bits when compiled too, though its own buffers (head stride = head_dim) never reach that. flex's error in test_contiguous_decode_past_2_31_elements is its adapter's .view() of a strided cache.
 MATRIX_ARGS ?=
 MATRIX_NOTE ?=
 conformance-matrix: install
