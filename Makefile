@@ -5,6 +5,10 @@
 # bare `torch` requirement would pull a multi-GB CUDA build.
 
 SHELL := /bin/bash
+# Never put the working directory on sys.path: the repository's top-level `kernels/` folder would shadow
+# Hugging Face's `kernels` distribution, which transformers (>= 5.25) imports. Everything here runs as
+# the installed `pagedbench.*` package instead.
+export PYTHONSAFEPATH := 1
 VENV ?= .venv
 SYS_TORCH := $(shell python3 -c "import torch" >/dev/null 2>&1 && echo yes)
 ifeq ($(SYS_TORCH),yes)
