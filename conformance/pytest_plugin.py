@@ -8,11 +8,31 @@ skip that says so.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 from pagedbench.conformance import adapter
+
+
+def _claim_the_kernels_name() -> None:
+    """Import Hugging Face's ``kernels`` distribution, when installed, before collection starts.
+
+    Collecting this repository imports its ``kernels/__init__.py`` under the bare name ``kernels`` (the
+    folder is a package at the root of the tree), which would then stand in for that distribution in
+    ``sys.modules`` and break transformers, which imports it. Taken first, the name stays theirs, and
+    ours is always imported as ``pagedbench.kernels``.
+    """
+    ours = Path(__file__).resolve().parent.parent / "kernels"
+    spec = importlib.util.find_spec("kernels")
+    if spec is not None and spec.origin and Path(spec.origin).resolve().parent != ours:
+        importlib.import_module("kernels")
+
+
+_claim_the_kernels_name()
 
 BUILTIN_IMPLS = ("triton", "torch", "flex")
 #: what runs without --impl: the built-ins expected to pass (flex is known to fail, see
