@@ -29,7 +29,8 @@ def _git(*args: str) -> str | None:
         return None
 
 
-def _version(dist: str) -> str | None:
+def version_of(dist: str) -> str | None:
+    """An installed distribution's version from its metadata (nothing imported); None when absent."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -57,7 +58,7 @@ def host_environment() -> dict[str, object]:
     """Schema, time, git, machine and versions: every record's fields but the device."""
     # results/ is what the harness writes: its own output does not make the source tree dirty.
     status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
-    cupy = next((v for d in ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x") if (v := _version(d))), None)
+    cupy = next((v for d in ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x") if (v := version_of(d))), None)
     return {
         "schema_version": SCHEMA_VERSION,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -71,11 +72,11 @@ def host_environment() -> dict[str, object]:
         },
         "versions": {
             "python": platform.python_version(),
-            "torch": _version("torch"),
-            "triton": _version("triton"),
-            "numpy": _version("numpy"),
+            "torch": version_of("torch"),
+            "triton": version_of("triton"),
+            "numpy": version_of("numpy"),
             "cupy": cupy,
-            "pagedbench": _version("pagedbench"),
+            "pagedbench": version_of("pagedbench"),
         },
     }
 

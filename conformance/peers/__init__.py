@@ -29,11 +29,11 @@ import math
 import os
 import sys
 import types
-from importlib import metadata
 from pathlib import Path
 
 import torch
 from pagedbench.conformance.adapter import Implementation, NotSupported
+from pagedbench.conformance.gate_environment import version_of
 
 
 def use_interpreter_without_gpu() -> bool:
@@ -51,13 +51,6 @@ def use_interpreter_without_gpu() -> bool:
         )
     os.environ["TRITON_INTERPRET"] = "1"
     return True
-
-
-def version_of(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _package_dir(package: str) -> Path:
