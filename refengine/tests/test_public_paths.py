@@ -106,3 +106,16 @@ def test_huggingface_kernels_imports_beside_pagedbench(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     hf_file, our_file = out.stdout.split()
     assert hf_file.startswith(str(site / "kernels")) and our_file.startswith(str(site / "pagedbench"))
+
+
+def test_a_test_session_leaves_the_bare_kernels_name_to_hugging_face():
+    """Collecting this tree imports our kernels/ under the bare name ``kernels``; where Hugging Face's
+    ``kernels`` is installed (transformers >= 5.25 requires it), that name must stay theirs in the session."""
+    from importlib import metadata
+
+    try:
+        metadata.version("kernels")
+    except metadata.PackageNotFoundError:
+        pytest.skip("Hugging Face's kernels is not installed")
+    module = sys.modules.get("kernels") or importlib.import_module("kernels")
+    assert Path(module.__file__).resolve() != ROOT / "kernels" / "__init__.py"
