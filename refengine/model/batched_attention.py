@@ -15,9 +15,10 @@ sequences, ``Mq`` = the longest query and ``L`` = the longest context::
 
 The :class:`PaddedLayout` (the index tensors and masks of every group) depends only on the step's block
 tables and lengths: it is built once per step on the host (NumPy, no device reads) and shared by every
-layer. Conventions are ``kernels.reference``'s (its docstring): padding keys are zeroed after the gather
-so a NaN in a slot no sequence owns is never read into a result, and a query with no key to attend gets
-output 0 and LSE ``-inf``, never NaN.
+layer. Conventions are ``kernels.reference``'s (its docstring): a slot no sequence owns is never read (a
+padding key re-reads its sequence's last key, which the mask then excludes, so a NaN left in a free slot
+cannot reach a result; sequences with no key at all read slot 0 and are zeroed), and a query with no key
+to attend gets output 0 and LSE ``-inf``, never NaN.
 
 ``paged_decode``, ``paged_prefill`` and ``write_kv`` wrap the same code with the ``kernels`` launcher
 contract (validation included), so the conformance gate checks exactly what the engine runs.
@@ -45,10 +46,10 @@ class PaddedGroup:
 
     token_rows: torch.Tensor  # int64 [Tg]: rows of the step's T tokens owned by this group
     padded_rows: torch.Tensor  # int64 [Tg]: the same tokens' rows in the padded [S * max_query_len]
-    key_blocks: torch.Tensor  # int64 [S, L]: physical block of key j (0 for padding: read, then zeroed)
+    key_blocks: torch.Tensor  # int64 [S, L]: physical block of key j (for j >= seq_len: of key seq_len-1)
     key_offsets: torch.Tensor  # int64 [S, L]: offset in that block
     key_slots: torch.Tensor  # int64 [S * L]: block * block_size + offset, flattened (for index_select)
-    key_padding: torch.Tensor | None  # bool [S, L, 1, 1]: True where key j >= seq_len; None if none
+    empty_seqs: torch.Tensor | None  # int64: sequences with seq_len 0 (they read slot 0: zeroed); None if none
     mask: torch.Tensor  # bool [S, 1, max_query_len, L]: query i may attend key j
     has_empty_rows: bool  # some owned query has no key at all (seq_len 0): its output is set to 0
     num_seqs: int
@@ -98,9 +99,17 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
     max_q = int(query_lens.max())
     key_pos = np.arange(max_len)
     key_valid = key_pos[None, :] < seq_lens[:, None]  # [S, L]
-    col = np.minimum(key_pos // block_size, max(tables.shape[1] - 1, 0))
-    blocks = np.where(key_valid, tables[:, col] if tables.shape[1] else 0, 0).astype(np.int64)
-    offsets = np.tile(key_pos % block_size, (num_seqs, 1))
+    # Padding keys re-read the sequence's last key rather than being zeroed after the gather: a masked
+    # fill of the gathered [S, L, Hkv, D] costs as much as the gather itself on a CPU, and the mask gives
+    # these duplicates weight exactly 0. Entries of a table past its sequence's blocks are never read.
+    empty = seq_lens == 0
+    read_pos = np.minimum(key_pos[None, :], np.maximum(seq_lens - 1, 0)[:, None])  # [S, L]
+    if tables.shape[1]:
+        blocks = np.take_along_axis(tables, read_pos // block_size, axis=1).astype(np.int64)
+        blocks[empty] = 0
+    else:
+        blocks = np.zeros((num_seqs, max_len), dtype=np.int64)
+    offsets = np.where(empty[:, None], 0, read_pos % block_size)
     q_idx = np.arange(max_q)
     q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [S, Mq]
     owned = q_idx[None, :] < query_lens[:, None]
@@ -113,7 +122,6 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
     seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
     i_of_token = np.arange(int(query_lens.sum())) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
     token_rows = np.repeat(starts, query_lens) + i_of_token
-    padding = ~key_valid
     as_tensor = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)  # noqa: E731
     return PaddedGroup(
         token_rows=as_tensor(token_rows, torch.int64),
@@ -121,7 +129,7 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
         key_blocks=as_tensor(blocks, torch.int64),
         key_offsets=as_tensor(offsets, torch.int64),
         key_slots=as_tensor((blocks * block_size + offsets).reshape(-1), torch.int64),
-        key_padding=as_tensor(padding[:, :, None, None], torch.bool) if padding.any() else None,
+        empty_seqs=as_tensor(np.flatnonzero(empty), torch.int64) if empty.any() else None,
         mask=as_tensor(allowed[:, None], torch.bool),
         has_empty_rows=bool((owned & ~has_key).any()),
         num_seqs=num_seqs, max_query_len=max_q, max_seq_len=max_len,
@@ -140,14 +148,14 @@ def _slot_view(cache: torch.Tensor) -> torch.Tensor | None:
 
 
 def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype) -> torch.Tensor:
-    """[S, L, Hkv, D] in ``dtype``, padding keys zeroed (their slot may hold anything, NaN included)."""
+    """[S, L, Hkv, D] in ``dtype``; a sequence with no key reads zeros (slot 0 may hold anything)."""
     slots = _slot_view(cache)
     if slots is not None:  # index_select over slots: ~5x faster than indexing by (block, offset) on a CPU
         x = slots.index_select(0, g.key_slots).view(g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
     else:
         x = cache[g.key_blocks, g.key_offsets].to(dtype)
-    if g.key_padding is not None:
-        x = x.masked_fill_(g.key_padding, 0.0)
+    if g.empty_seqs is not None:
+        x[g.empty_seqs] = 0.0
     return x
 
 
