@@ -58,10 +58,15 @@ class LLMStats:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
 
-def _live_tokens(metrics) -> int:
-    """Token states held: ``live_tokens`` (paged, shared blocks once) or ``num_tokens`` (contiguous)."""
-    value = getattr(metrics, "live_tokens", None)
-    return metrics.num_tokens if value is None else value
+def _live_tokens(block_manager) -> int:
+    """Token states held (a shared block's once): the manager's O(1) count, or its metrics snapshot for a
+    manager that keeps none (``live_tokens`` paged, ``num_tokens`` contiguous)."""
+    value = getattr(block_manager, "num_live_tokens", None)
+    if value is not None:
+        return value
+    m = block_manager.metrics()
+    value = getattr(m, "live_tokens", None)
+    return m.num_tokens if value is None else value
 
 
 class StatsRecorder:
@@ -96,14 +101,13 @@ class StatsRecorder:
         self.computed += out.num_batched_tokens
         self.generated += num_sampled
         self.running_sum += len(scheduler.running)
-        m = block_manager.metrics()
         used = block_manager.num_used_blocks
         bs = block_manager.block_size
         self.peak_used = max(self.peak_used, used)
         table = sum(-(-s.num_table_tokens // bs) for s in scheduler.running)
         self.table_sum += table
         self.used_sum += min(used, table)  # a contiguous reservation holds more than its table: no sharing
-        util = _live_tokens(m) / (block_manager.num_blocks * bs)
+        util = _live_tokens(block_manager) / (block_manager.num_blocks * bs)
         self.kv_util_sum += util
         if scheduler.waiting:
             self.queued_steps += 1

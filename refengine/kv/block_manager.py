@@ -81,7 +81,7 @@ class BlockManager:
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
-                 "_failed_allocations", "_forks", "_free", "_next_content_id", "_num_blocks",
+                 "_failed_allocations", "_forks", "_free", "_live_tokens", "_next_content_id", "_num_blocks",
                  "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "_twins", "enable_prefix_caching")
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
@@ -104,6 +104,9 @@ class BlockManager:
         self._copy_on_write_copies = 0  # (src, dst) copies reported
         self._forks = 0  # successful fork() calls
         self._failed_allocations = 0  # allocate() calls rejected with OutOfBlocksError
+        # token states held, a shared block's once: kept as blocks are taken and released, so the
+        # engine can read utilisation every step without a pass over every table
+        self._live_tokens = 0
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
@@ -128,6 +131,11 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         """Free blocks holding published KV (reusable by a prefix hit, evicted when room is needed)."""
         return len(self._cached)
+
+    @property
+    def num_live_tokens(self) -> int:
+        """Token states held by the tables, a token in a shared block once (``metrics().live_tokens``, O(1))."""
+        return self._live_tokens
 
     # --- the contract ----------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
@@ -163,11 +171,14 @@ class BlockManager:
                 f"{len(hits)} cached blocks reused)"
                 + (f" and {reserve_free_blocks} kept free," if reserve_free_blocks else "")
                 + f" but only {available} are free")
+        revived = 0  # cached hits no table held: their tokens become live again
         for b in hits:
             if b.ref_count == 0:
                 self._cached.remove(b)
+                revived += 1
             b.ref_count += 1
         blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
+        self._live_tokens += len(tokens) - (len(hits) - revived) * bs
         num_computed = len(tokens) if publish else len(hits) * bs
         seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key, publish)
         self._seqs[seq_id] = seq
@@ -198,6 +209,7 @@ class BlockManager:
         else:
             copy = self._copy_on_write_last_block(seq)
         tokens.append(token_id)
+        self._live_tokens += 1 if copy is None else n % bs + 1  # a copy holds the block's tokens again
         if seq.auto_publish and seq.num_computed == n:  # the tokens before it are written: so is this one
             seq.num_computed = n + 1
             if (n + 1) % bs == 0 and self.enable_prefix_caching:
@@ -238,11 +250,14 @@ class BlockManager:
         """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
         self._get(seq_id)
         seq = self._seqs.pop(seq_id)
-        free, cached = self._free, self._cached
-        for b in reversed(seq.blocks):
+        free, cached, blocks, bs = self._free, self._cached, seq.blocks, self._block_size
+        last = len(blocks) - 1
+        for i in range(last, -1, -1):
+            b = blocks[i]
             b.ref_count -= 1
             if b.ref_count == 0:
                 (free if b.block_hash is None else cached).append(b)
+                self._live_tokens -= bs if i < last else len(seq.token_ids) - last * bs
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """Physical block ids of the sequence, in logical order (a new list)."""

@@ -86,6 +86,9 @@ def check_invariants(bm: BlockManager) -> None:
     _check_tables(bm)
     _check_blocks(bm)
     _check_cache_map(bm)
+    live = compute_metrics(bm).live_tokens
+    if bm.num_live_tokens != live:
+        _fail("live tokens", f"the running count says {bm.num_live_tokens}, the tables hold {live}")
 
 
 def _check_tables(bm: BlockManager) -> None:

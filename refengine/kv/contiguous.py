@@ -117,6 +117,7 @@ class ContiguousBlockManager:
         self._seqs: dict[Hashable, _Reservation] = {}
         self._owner: dict[int, Hashable] = {}  # start block -> seq id
         self._failed_allocations = 0
+        self._live_tokens = 0  # sum of every reservation's num_tokens, kept as they change
 
     @property
     def reserves_by_output_len(self) -> bool:
@@ -186,6 +187,7 @@ class ContiguousBlockManager:
                 f"{self._arena.largest_free()}")
         self._seqs[seq_id] = _Reservation(start, n_blocks, r, len(tokens))
         self._owner[start] = seq_id
+        self._live_tokens += len(tokens)
         return 0
 
     def append_token(self, seq_id: Hashable, token_id: int) -> list[tuple[int, int]]:
@@ -197,6 +199,7 @@ class ContiguousBlockManager:
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} has used its whole reservation of {res.reserve_tokens} tokens")
         res.num_tokens += 1
+        self._live_tokens += 1
         return []
 
     def can_append(self, seq_id: Hashable) -> bool:
@@ -214,6 +217,7 @@ class ContiguousBlockManager:
         self._arena.free(res.start)
         del self._owner[res.start]
         del self._seqs[seq_id]
+        self._live_tokens -= res.num_tokens
 
     # --- queries --------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Reservation:
@@ -271,6 +275,11 @@ class ContiguousBlockManager:
     def num_cached_blocks(self) -> int:
         return 0
 
+    @property
+    def num_live_tokens(self) -> int:
+        """Token states held (``metrics().num_tokens``, O(1))."""
+        return self._live_tokens
+
     def metrics(self) -> ContiguousMetrics:
         bs = self.block_size
         tokens = sum(r.num_tokens for r in self._seqs.values())
@@ -300,3 +309,5 @@ class ContiguousBlockManager:
             used += held
         if used != self.num_used_blocks or len(self._owner) != len(self._seqs):
             raise AssertionError(f"held blocks {used} != arena's used blocks {self.num_used_blocks}")
+        if self._live_tokens != sum(r.num_tokens for r in self._seqs.values()):
+            raise AssertionError(f"live token count {self._live_tokens} != the reservations' tokens")
