@@ -112,9 +112,12 @@ class PagedBench:
                   enable_prefix_caching=t["prefix_caching"], max_num_seqs=len(t["prompts"]),
                   max_num_batched_tokens=1 << 20)
         hidden, vocab = llm.config.hidden_size, llm.config.vocab_size
-        # the stub keeps shapes and dtypes, so the host path around it is the real one
-        llm.model.forward = lambda ids, pos, meta, kv: torch.zeros(ids.shape[0], hidden)
-        llm.model.compute_logits = lambda h: torch.zeros(h.shape[0], vocab)
+        # the stub keeps shapes and dtypes, so the host path around it is the real one; its outputs are
+        # views of buffers made once, so that filling logits with zeros is not timed as host work
+        num_prompt_tokens = sum(map(len, t["prompts"]))
+        hidden_buf, logits_buf = torch.zeros(num_prompt_tokens, hidden), torch.zeros(len(t["prompts"]), vocab)
+        llm.model.forward = lambda ids, pos, meta, kv: hidden_buf[:ids.shape[0]]
+        llm.model.compute_logits = lambda h: logits_buf[:h.shape[0]]
         params = SamplingParams(max_tokens=len(t["decode_tokens"]) + 1, ignore_eos=True)
         for p in t["prompts"]:
             llm.core.add(llm.core.new_request(p, params))

@@ -54,14 +54,21 @@ class ModelExecutor:
         ids = torch.from_numpy(step.input_ids).to(device)
         pos = torch.from_numpy(step.positions).to(device)
         hidden = self.model.forward(ids, pos, meta, self.kv_caches)
-        rows = [i for i, c in enumerate(out.chunks) if c.samples]
+        chunks = out.chunks
+        rows = [i for i, c in enumerate(chunks) if c.samples]
         if not rows:
             return {}
-        last = meta.last_token_indices()[torch.tensor(rows, device=device)]
+        last = meta.last_token_indices()
+        if len(rows) < len(chunks):
+            last = last[torch.tensor(rows, device=device)]
         logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
-        # one entry per sampling sequence (a just-prefilled parent's children sample from its row)
-        seqs = [(row, s) for row, i in enumerate(rows)
-                for s in (out.chunks[i].seq, *out.chunks[i].seq.pending_children)]
-        row_index = torch.tensor([row for row, _ in seqs], device=device)
-        tokens = sample_batch(logits[row_index], [s.params for _, s in seqs], [s.generator for _, s in seqs])
-        return {s.seq_id: t for (_, s), t in zip(seqs, tokens)}
+        if any(chunks[i].seq.pending_children for i in rows):
+            # a just-prefilled parent's children sample from its row too
+            seqs = [(row, s) for row, i in enumerate(rows)
+                    for s in (chunks[i].seq, *chunks[i].seq.pending_children)]
+            logits = logits[torch.tensor([row for row, _ in seqs], device=device)]
+            samplers = [s for _, s in seqs]
+        else:  # one sequence per row: no gather of the logits
+            samplers = [chunks[i].seq for i in rows]
+        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
+        return {s.seq_id: t for s, t in zip(samplers, tokens)}

@@ -49,22 +49,34 @@ class BlockCopy:
     dst: int  # physical block id to copy to
 
 
-@dataclass(frozen=True, slots=True)
 class ScheduledChunk:
-    """``num_tokens`` tokens of ``seq`` computed this step, positions ``[start, start + num_tokens)``."""
+    """``num_tokens`` tokens of ``seq`` computed this step, positions ``[start, start + num_tokens)``.
 
-    seq: Sequence
-    start: int  # first position computed (== seq.num_computed_tokens when scheduled)
-    num_tokens: int  # >= 1
+    ``end`` (``start + num_tokens``) and ``samples`` (the chunk reaches the sequence's last token, so its
+    logits give the next token) are worked out once, when the chunk is made: a step reads them for every
+    sequence several times, and the sequence's tokens do not change until the step is over. Read-only by
+    convention (a plain slotted class: a frozen dataclass cost four times as much to build, once per
+    sequence per step).
+    """
 
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
+    __slots__ = ("end", "num_tokens", "samples", "seq", "start")
 
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the sequence's last token (so its logits give the next token)."""
-        return self.end == self.seq.num_tokens
+    def __init__(self, seq: Sequence, start: int, num_tokens: int) -> None:
+        self.seq = seq
+        self.start = start  # first position computed (== seq.num_computed_tokens when scheduled)
+        self.num_tokens = num_tokens  # >= 1
+        self.end = end = start + num_tokens
+        self.samples = end == len(seq.token_ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ScheduledChunk):
+            return NotImplemented
+        return (self.seq, self.start, self.num_tokens) == (other.seq, other.start, other.num_tokens)
+
+    __hash__ = None  # type: ignore[assignment]  (equal by value, and mutable in principle)
+
+    def __repr__(self) -> str:
+        return f"ScheduledChunk(seq_id={self.seq.seq_id}, start={self.start}, num_tokens={self.num_tokens})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,15 +171,28 @@ class Scheduler:
 
     def _decodes(self, chunks: list[ScheduledChunk], copies: list[BlockCopy], preempted: list[int],
                  budget: int) -> int:
+        # the loop runs once per running sequence per step: Sequence's properties are read inline here
+        running = self.running
+        append = self.block_manager.append_token
         i = 0
-        while i < len(self.running) and budget > 0:  # 1. decodes
-            seq = self.running[i]
-            if seq.num_uncomputed_tokens != 1:
+        while i < len(running) and budget > 0:  # 1. decodes
+            seq = running[i]
+            tokens = seq.token_ids
+            n = len(tokens)
+            if n - seq.num_computed_tokens != 1:
                 i += 1
                 continue
-            if seq.needs_append and not self._append(seq, copies, preempted):
-                continue  # seq preempted itself: running[i] is now the next one
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
+            if seq.num_table_tokens < n:  # the last sampled token still needs room
+                try:
+                    pairs = append(seq.seq_id, tokens[-1])
+                except OutOfBlocksError:
+                    if not self._append(seq, copies, preempted):
+                        continue  # seq preempted itself: running[i] is now the next one
+                else:
+                    seq.num_table_tokens += 1
+                    if pairs:
+                        copies.extend(BlockCopy(src, dst) for src, dst in pairs)
+            chunks.append(ScheduledChunk(seq, n - 1, 1))
             budget -= 1
             i += 1
         return budget
@@ -248,12 +273,15 @@ class Scheduler:
         (including the children of a just-prefilled parallel-sampling request). Returns the sequences
         that finished (their blocks already freed)."""
         bm = self.block_manager
+        bs = bm.block_size
         by_id: dict[int, Sequence] = {}
         for chunk in out.chunks:
             seq = chunk.seq
-            seq.num_computed_tokens = chunk.end
-            if self.prefix_caching:  # the step wrote these tokens' K/V: their full blocks may be cached
-                bm.publish_blocks(seq.seq_id, chunk.end)
+            end = seq.num_computed_tokens = chunk.end
+            # the step wrote these tokens' K/V: their full blocks may be cached. A one-token chunk can
+            # complete a block only when it ends on a block boundary (the commonest step skips the call)
+            if self.prefix_caching and (chunk.num_tokens > 1 or end % bs == 0):
+                bm.publish_blocks(seq.seq_id, end)
             by_id[seq.seq_id] = seq
             if chunk.samples and seq.pending_children:
                 for child in seq.pending_children:
@@ -270,10 +298,12 @@ class Scheduler:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 bm.free(seq.seq_id)
-                self.running.remove(seq)
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
                 finished.append(seq)
+        if finished:  # one pass, not a list.remove per finished sequence (quadratic when a batch ends)
+            done = SequenceStatus.FINISHED
+            self.running[:] = [s for s in self.running if s.status is not done]
         self.peak_running = max(self.peak_running, len(self.running))
         return finished
 
@@ -283,6 +313,7 @@ class Scheduler:
             return "eos"
         if token in p.stop_token_ids:
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens > self.stop.max_model_len:
+        n = len(seq.token_ids)
+        if n - seq.num_prompt_tokens >= p.max_tokens or n > self.stop.max_model_len:
             return "length"
         return None

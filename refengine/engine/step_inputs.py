@@ -55,22 +55,32 @@ class HostBlockTables:
         self.seq_of: dict[int, int] = {}  # row -> seq_id
         self.num_row_writes = 0  # rows rewritten so far (tests and benchmarks read it)
 
-    def rows(self, out: SchedulerOutput) -> np.ndarray:
-        """int64 [S]: the row of each chunk's sequence, every row brought up to date (see the module)."""
-        bs = self.block_size
-        refresh_all = bool(out.copies)
-        step_ids = {c.seq.seq_id for c in out.chunks}
-        rows = np.empty(len(out.chunks), dtype=np.int64)
-        for i, chunk in enumerate(out.chunks):
-            seq = chunk.seq
-            row = self.row_of.get(seq.seq_id)
-            if row is None:
-                row = self._take_row(seq.seq_id, step_ids)
+    def rows(self, out: SchedulerOutput, ends: np.ndarray | None = None) -> np.ndarray:
+        """int64 [S]: the row of each chunk's sequence, every row brought up to date (see the module).
+        ``ends``: the chunks' ends, if the caller has them already."""
+        chunks = out.chunks
+        if ends is None:
+            ends = np.fromiter((c.end for c in chunks), dtype=np.int64, count=len(chunks))
+        row_of = self.row_of
+        found = [row_of.get(c.seq.seq_id, -1) for c in chunks]
+        rows = np.array(found, dtype=np.int64)
+        # which known rows are stale, in one vector test rather than one per sequence
+        preemptions = np.fromiter((c.seq.num_preemptions for c in chunks), dtype=np.int64, count=len(chunks))
+        known = np.maximum(rows, 0)
+        stale = (rows < 0) | (self.written_preemptions[known] != preemptions) | (
+            self.num_blocks[known] * self.block_size < ends)
+        if out.copies:
+            stale[:] = True
+        todo = np.flatnonzero(stale)
+        if todo.size:
+            step_ids = {c.seq.seq_id for c in chunks}
+            for i in todo.tolist():
+                seq = chunks[i].seq
+                row = found[i]
+                if row < 0:
+                    row = self._take_row(seq.seq_id, step_ids)
+                    rows[i] = row
                 self._write(row, seq)
-            elif (refresh_all or self.written_preemptions[row] != seq.num_preemptions
-                  or self.num_blocks[row] * bs < chunk.end):
-                self._write(row, seq)
-            rows[i] = row
         return rows
 
     def _take_row(self, seq_id: int, step_ids: set[int]) -> int:
@@ -118,10 +128,10 @@ class HostBlockTables:
 
     def step_inputs(self, out: SchedulerOutput) -> StepInputs:
         """The step's host arrays (see :class:`StepInputs`)."""
-        rows = self.rows(out)
         chunks = out.chunks
         starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
         ends = np.fromiter((c.end for c in chunks), dtype=np.int64, count=len(chunks))
+        rows = self.rows(out, ends)
         query_lens = ends - starts
         bs = self.block_size
         max_blocks = int(-(-ends.max() // bs))
@@ -130,7 +140,11 @@ class HostBlockTables:
         first_row = np.cumsum(query_lens) - query_lens  # each chunk's first row in T
         positions = np.arange(int(query_lens.sum())) + np.repeat(starts - first_row, query_lens)
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
-        ids: list[int] = []
-        for c in chunks:
-            ids.extend(c.seq.token_ids[c.start:c.end])
-        return StepInputs(np.asarray(ids, dtype=np.int64), positions, slots, tables, ends, query_lens)
+        if len(positions) == len(chunks):  # decodes only: one token each
+            ids = np.fromiter((c.seq.token_ids[c.start] for c in chunks), dtype=np.int64, count=len(chunks))
+        else:
+            token_list: list[int] = []
+            for c in chunks:
+                token_list.extend(c.seq.token_ids[c.start:c.end])
+            ids = np.asarray(token_list, dtype=np.int64)
+        return StepInputs(ids, positions, slots, tables, ends, query_lens)
