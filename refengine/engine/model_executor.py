@@ -55,20 +55,17 @@ class ModelExecutor:
         pos = torch.from_numpy(step.positions).to(device)
         hidden = self.model.forward(ids, pos, meta, self.kv_caches)
         chunks = out.chunks
-        rows = [i for i, c in enumerate(chunks) if c.samples]
-        if not rows:
+        samplers = [c.seq for c in chunks if c.samples]  # one per logits row
+        if not samplers:
             return {}
         last = meta.last_token_indices()
-        if len(rows) < len(chunks):
-            last = last[torch.tensor(rows, device=device)]
-        logits = self.model.compute_logits(hidden[last])  # float32 [len(rows), vocab]
-        if any(chunks[i].seq.pending_children for i in rows):
+        if len(samplers) < len(chunks):
+            last = last[torch.tensor([i for i, c in enumerate(chunks) if c.samples], device=device)]
+        logits = self.model.compute_logits(hidden[last])  # float32 [len(samplers), vocab]
+        if any(s.pending_children for s in samplers):
             # a just-prefilled parent's children sample from its row too
-            seqs = [(row, s) for row, i in enumerate(rows)
-                    for s in (chunks[i].seq, *chunks[i].seq.pending_children)]
+            seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]
             logits = logits[torch.tensor([row for row, _ in seqs], device=device)]
             samplers = [s for _, s in seqs]
-        else:  # one sequence per row: no gather of the logits
-            samplers = [chunks[i].seq for i in rows]
         tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
         return {s.seq_id: t for s, t in zip(samplers, tokens)}

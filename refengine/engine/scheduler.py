@@ -201,8 +201,9 @@ class Scheduler:
         for seq in self.running:
             if budget == 0:
                 break
-            if seq.num_uncomputed_tokens > 1:
-                n = min(seq.num_uncomputed_tokens, budget)
+            left = len(seq.token_ids) - seq.num_computed_tokens  # inline: read for every running sequence
+            if left > 1:
+                n = min(left, budget)
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
                 budget -= n
         return budget
@@ -237,6 +238,8 @@ class Scheduler:
         self.add(seq)
 
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        if not self.waiting:
+            return budget
         bm = self.block_manager
         seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
         while self.waiting and budget > 0:
@@ -292,9 +295,17 @@ class Scheduler:
                     by_id[child.seq_id] = child
                 seq.pending_children = []
         finished = []
+        eos, max_len = self.stop.eos_token_ids, self.stop.max_model_len
         for seq_id, token in sampled.items():
             seq = by_id[seq_id]
-            seq.token_ids.append(token)
+            tokens = seq.token_ids
+            tokens.append(token)
+            p = seq.params
+            n = len(tokens)
+            # a cheap test first (once per sequence per step); _finish_reason then names the reason
+            if (n - seq.num_prompt_tokens < p.max_tokens and n <= max_len and token not in p.stop_token_ids
+                    and (p.ignore_eos or token not in eos)):
+                continue
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 bm.free(seq.seq_id)

@@ -194,7 +194,11 @@ class BlockManager:
 
         Raises OutOfBlocksError (nothing changed) when a block is needed and none is free.
         """
-        seq = self._get(seq_id)
+        # called once per running sequence per step: the lookup and the copy-on-write test are inline
+        try:
+            seq = self._seqs[seq_id]
+        except (KeyError, TypeError):
+            seq = self._get(seq_id)  # raises the error that names the problem
         if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
             token_id = _token_id(token_id)
         tokens = seq.token_ids
@@ -206,7 +210,7 @@ class BlockManager:
                 raise OutOfBlocksError(
                     f"sequence {seq_id!r} needs a new block for token {n} but none is free")
             seq.blocks.append(self._take_fresh())
-        else:
+        elif seq.blocks[-1].ref_count != 1:
             copy = self._copy_on_write_last_block(seq)
         tokens.append(token_id)
         self._live_tokens += 1 if copy is None else n % bs + 1  # a copy holds the block's tokens again
