@@ -312,16 +312,23 @@ def peer_trace(cfg: HostCostConfig, nano_vllm: str | None) -> dict:
 
 def side_by_side(cfg: HostCostConfig, recs: list[dict], nano_vllm: str | None, peers_venv: str | None) -> dict:
     """Every implementation on the peer variant's trace, interleaved, and the engine's verdict against the
-    ``append_token`` cost this run measured."""
+    ``append_token`` cost measured in the same rounds (the pytest-benchmark median, minutes away on a
+    machine whose speed drifts, only when the worker did not time it)."""
     trace = peer_trace(cfg, nano_vllm)
     commands = host_cost_peers.locate(nano_vllm, peers_venv)
     results = host_cost_peers.run_side_by_side(commands, trace, cfg.peer_rounds)
     summary = host_cost_peers.summarise(results, cfg.batch * cfg.decode_steps)
-    append = next((r["us_per_unit"]["median"] for r in recs
-                   if r["measurement"] == "decode" and r["variant"]["name"] == cfg.peer_variant), math.nan)
-    engine = summary.get(host_cost_peers.OURS, {}).get("figures", {}).get("engine", {}).get("us_per_seq_step")
-    return {"variant": cfg.peer_variant, "results": results, "summary": summary,
-            "engine_verdict": host_cost_peers.engine_verdict(engine, append, cfg.engine_host_limit)}
+    ours = summary.get(host_cost_peers.OURS, {}).get("figures", {})
+    engine, append = ours.get("engine", {}), ours.get("append", {})
+    if engine and append:  # each round's engine against the same round's append_token, then the median
+        verdict = host_cost_peers.engine_verdict(
+            engine["us_per_seq_step"], append["us_per_seq_step"], cfg.engine_host_limit,
+            per_round=(engine["us_per_seq_step_rounds"], append["us_per_seq_step_rounds"]))
+    else:
+        median = next((r["us_per_unit"]["median"] for r in recs
+                       if r["measurement"] == "decode" and r["variant"]["name"] == cfg.peer_variant), math.nan)
+        verdict = host_cost_peers.engine_verdict(engine.get("us_per_seq_step"), median, cfg.engine_host_limit)
+    return {"variant": cfg.peer_variant, "results": results, "summary": summary, "engine_verdict": verdict}
 
 
 def main(argv: list[str]) -> None:

@@ -19,6 +19,8 @@ Measurements, each over ``len(decode_tokens)`` decode steps of every admitted se
 * ``scheduler``: the scheduler's whole decode step without a model (ours: ``Scheduler.schedule`` and
   ``update`` through the engine loop with a replaying executor; nano-vllm: ``schedule`` and
   ``postprocess``). vLLM's ``Scheduler`` needs a full ``VllmConfig`` and is not driven.
+* ``append`` (ours only): ``append_token`` alone for every decode token, the unit the engine's host
+  step is judged against (timed in the same rounds, so a machine whose speed drifts moves both alike).
 * ``engine`` (ours only): ``LLM`` steps with the model replaced by a stub returning zeros, so
   everything but the forward is timed: scheduler, block manager, block tables and metadata, sampling.
 """
@@ -46,7 +48,7 @@ class PagedBench:
         from pagedbench.refengine import BlockManager  # noqa: F401  (fails early if absent)
 
         self.t = trace
-        self.measurements = ("kv", "scheduler", "engine")
+        self.measurements = ("kv", "append", "scheduler", "engine")
 
     def kv(self) -> float:
         from pagedbench.refengine import BlockManager
@@ -66,6 +68,22 @@ class PagedBench:
                     append(i, tok)
                     slot(i, positions[i])
                     positions[i] += 1
+
+        return _timed(steps)
+
+    def append(self) -> float:
+        from pagedbench.refengine import BlockManager
+
+        t = self.t
+        bm = BlockManager(t["num_blocks"], t["block_size"], enable_prefix_caching=t["prefix_caching"])
+        for i, p in enumerate(t["prompts"]):
+            bm.allocate(i, p)
+        append = bm.append_token
+
+        def steps() -> None:
+            for step_tokens in t["decode_tokens"]:
+                for i, tok in enumerate(step_tokens):
+                    append(i, tok)
 
         return _timed(steps)
 

@@ -54,7 +54,7 @@ def test_workers_run_interleaved_rounds_and_a_missing_peer_is_not_installed():
                 WorkerCommand("vllm-v1", None, "no peers venv")]
     results = host_cost_peers.run_side_by_side(commands, _tiny_trace(), rounds=2)
     ours = results["pagedbench"]
-    assert ours["status"] == "ok" and set(ours["seconds"]) == {"kv", "scheduler", "engine"}
+    assert ours["status"] == "ok" and set(ours["seconds"]) == {"kv", "append", "scheduler", "engine"}
     assert all(len(v) == 2 and min(v) > 0 for v in ours["seconds"].values())
     assert results["nano-vllm"]["status"] == "not installed" and "--nano-vllm" in results["nano-vllm"]["reason"]
     assert results["vllm-v1"] == {"status": "not installed", "reason": "no peers venv"}
@@ -66,3 +66,9 @@ def test_the_peer_variant_must_be_a_variant():
     bad = host_cost.HostCostConfig(**{**{f: getattr(cfg, f) for f in cfg.__slots__}, "peer_variant": "nope"})
     with pytest.raises(ValueError, match="peer_variant 'nope'"):
         host_cost.peer_trace(bad, None)
+
+
+def test_engine_verdict_takes_the_median_of_each_rounds_ratio():
+    # the best rounds (4.0 and 1.0) came at different moments: their ratio, 4x, is not what any round saw
+    v = host_cost_peers.engine_verdict(4.0, 1.0, 5.0, per_round=([4.0, 12.0, 12.0], [2.0, 2.0, 1.0]))
+    assert v["ratio"] == 6.0 and v["verdict"] == "not met"

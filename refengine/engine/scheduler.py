@@ -127,6 +127,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
         self.peak_running = 0
+        self._prefills_seen = True  # set by each _decodes pass (see there)
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -159,7 +160,8 @@ class Scheduler:
                 budget = self._decodes(chunks, copies, preempted, budget)
         else:
             budget = self._decodes(chunks, copies, preempted, budget)
-            budget = self._prefill_chunks(chunks, budget)
+            if self._prefills_seen:
+                budget = self._prefill_chunks(chunks, budget)
             budget = self._admit(chunks, budget)
         if not chunks and self.has_unfinished():
             raise RuntimeError(
@@ -175,11 +177,13 @@ class Scheduler:
         running = self.running
         append = self.block_manager.append_token
         i = 0
+        skipped = 0  # running sequences with more than one token to compute (a prefill chunk to plan)
         while i < len(running) and budget > 0:  # 1. decodes
             seq = running[i]
             tokens = seq.token_ids
             n = len(tokens)
             if n - seq.num_computed_tokens != 1:
+                skipped += 1
                 i += 1
                 continue
             if seq.num_table_tokens < n:  # the last sampled token still needs room
@@ -195,6 +199,8 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, n - 1, 1))
             budget -= 1
             i += 1
+        # whether _prefill_chunks can find anything: a pass over every running sequence saved per step
+        self._prefills_seen = skipped > 0  # (a loop that ran out of budget leaves none for them anyway)
         return budget
 
     def _prefill_chunks(self, chunks: list[ScheduledChunk], budget: int) -> int:

@@ -33,8 +33,8 @@ import torch
 from pagedbench.refengine.engine.sampling_params import SamplingParams, derive_seed
 from pagedbench.refengine.errors import InvalidArgumentError
 
-__all__ = ["SamplingParams", "child_generator", "derive_seed", "kept_distribution", "sample_batch",
-           "sample_token"]
+__all__ = ["SamplingParams", "child_generator", "derive_seed", "greedy_tokens", "kept_distribution",
+           "sample_batch", "sample_token"]
 
 
 def child_generator(base_seed: int, child_index: int) -> torch.Generator:
@@ -66,13 +66,13 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
         raise InvalidArgumentError(
             f"logits must be [R, vocab_size] with one params and one generator per row; got shape "
             f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+    if all(p.greedy for p in {id(p): p for p in params}.values()):  # the commonest step: one argmax
+        return greedy_tokens(logits)
     is_greedy = [p.greedy for p in params]
-    if all(is_greedy):  # the commonest step: one argmax over every row, no gather
-        return _argmax_rows(logits)
     tokens = [0] * len(params)
     greedy = [r for r, g in enumerate(is_greedy) if g]
     if greedy:
-        picked = _argmax_rows(logits[torch.tensor(greedy, device=logits.device)])
+        picked = greedy_tokens(logits[torch.tensor(greedy, device=logits.device)])
         for r, t in zip(greedy, picked):
             tokens[r] = t
     sampled = [r for r, g in enumerate(is_greedy) if not g]
@@ -89,8 +89,9 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
     return tokens
 
 
-def _argmax_rows(logits: torch.Tensor) -> list[int]:
-    """Each row's argmax (the first index on ties, NaN counting as the largest, as ``torch.argmax``).
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax of float ``[R, vocab_size]`` logits (the first index on ties, NaN counting as the
+    largest, as ``torch.argmax``): what :func:`sample_batch` returns when every row is greedy.
 
     On the CPU through NumPy, whose vectorised argmax is about ten times faster than torch's one-thread
     reduction over a vocabulary: on a small model the greedy pick was a third of the engine's host step.
