@@ -188,5 +188,6 @@ def markdown(summary: dict[str, dict], verdict: dict, trace_note: str, rounds: i
         lines.append(
             f"Engine host overhead per sequence per decode step: {verdict['engine_us_per_seq_step']:.2f} µs = "
             f"**{verdict['ratio']:.1f}x** the block manager's `append_token` ({verdict['append_token_us']:.2f} µs, "
-            f"timed in the same rounds; the median of the rounds' ratios); goal ≤ {verdict['limit']:g}x: **{verdict['verdict']}**.")
+            f"timed in the same rounds; the median of the rounds' ratios); "
+            f"goal ≤ {verdict['limit']:g}x: **{verdict['verdict']}**.")
     return lines
