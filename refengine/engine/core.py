@@ -131,9 +131,13 @@ class SimulatedExecutor:
         sampled: dict[int, int] = {}
         replay, filler = self.replay, self.filler_token
         for c in out.chunks:
-            if c.end != c.seq.num_tokens:
+            if not c.samples:
                 continue
-            for s in (c.seq, *c.seq.pending_children):
+            seq = c.seq
+            if replay is None and not seq.pending_children:  # the commonest case, once per sequence
+                sampled[seq.seq_id] = filler
+                continue
+            for s in (seq, *seq.pending_children):
                 sampled[s.seq_id] = filler if replay is None else replay[s.seq_id][s.num_output_tokens]
         return StepResult(sampled, self.step_time_s(StepShape.of(out)))
 
