@@ -48,12 +48,14 @@ class Case:
     num_requests: int
     output_lens: str  # "equal" (every request output_len tokens) or "sharegpt" (ShareGPT-like, scaled)
     goal: float  # engine / transformers tokens/s at least this
+    repetitions: int  # alternated runs of each side (the best counts): more where a run takes a second
 
 
 CASES = (
-    Case("smollm2-equal", str(SMOLLM2_DIR), BATCH, "equal", 1.0),
-    Case("small-equal", "small", BATCH, "equal", 1.0),
-    Case("small-sharegpt", "small", 3 * BATCH, "sharegpt", 1.5),
+    Case("smollm2-equal", str(SMOLLM2_DIR), BATCH, "equal", 1.0, 2),
+    # a run of the small model takes about a second, so a moment of load moves it a lot: more runs
+    Case("small-equal", "small", BATCH, "equal", 1.0, 5),
+    Case("small-sharegpt", "small", 3 * BATCH, "sharegpt", 1.5, 5),
 )
 SHAREGPT_SCALE = 0.125  # ShareGPT's output lengths (mean ~385) scaled as the CPU throughput study does
 
@@ -131,7 +133,7 @@ def run_case(case: Case, args) -> dict:
     output_lens = output_lengths(case, args.output_len, args.seed)
     engine = hf_run = None
     engine_walls, hf_walls = [], []
-    for _ in range(args.repetitions):  # alternated: a disturbance hits both sides
+    for _ in range(args.repetitions or case.repetitions):  # alternated: a disturbance hits both sides
         e, h = run_engine(loaded, prompts, output_lens), run_hf(hf, prompts, output_lens)
         engine_walls.append(e["wall_s"])
         hf_walls.append(h["wall_s"])
@@ -162,7 +164,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=64, help="equal cases; ShareGPT-like ones clip at twice it")
-    p.add_argument("--repetitions", type=int, default=2, help="alternated runs of each side; the best counts")
+    p.add_argument("--repetitions", type=int, default=None,
+                   help="alternated runs of each side, the best counting (default: each case's own)")
     # one thread: on a small machine shared with other jobs, OpenMP threads spinning at barriers for a
     # core someone else holds slow a step down many times over (both sides run under the same setting)
     p.add_argument("--threads", type=int, default=1)

@@ -26,7 +26,8 @@ def markdown(doc: dict) -> str:
         "tokens/s counts only the tokens each request asked for. The engine runs with its default settings "
         f"(`max_num_seqs` = {cfg['batch']}); transformers serves static batches of {cfg['batch']}, each "
         "generating up to its longest request (padding steps count as time, not tokens). Engine and "
-        f"transformers runs alternate; best of {cfg['repetitions']}. The machine was shared with other "
+        "transformers runs alternate; the best run of each side counts (runs per case below). The machine "
+        "was shared with other "
         "jobs: only the ratios, measured side by side, mean anything.", "",
         "| case | model | requests x prompt / mean output | engine tok/s | transformers tok/s | ratio | goal "
         "| verdict | engine host share of step |",
@@ -38,7 +39,9 @@ def markdown(doc: dict) -> str:
             e, h = r["engine"], r["transformers"]
             lines.append(
                 f"- {r['case']['name']}: engine {e['num_steps']} steps ({e['mean_step_ms']:.1f} ms mean), "
-                f"{e['wall_s']:.2f} s; transformers {h['wall_s']:.2f} s generating {h['padded_tokens']} tokens "
+                f"{e['wall_s']:.2f} s; transformers {h['wall_s']:.2f} s (best of "
+                f"{len(e.get('wall_s_repetitions', [])) or cfg.get('repetitions')} runs each) generating "
+                f"{h['padded_tokens']} tokens "
                 f"for {h['generated_tokens']} asked; greedy tokens equal to transformers' for "
                 f"{r['correctness']['equal_request_share']:.0%} of requests.")
     lines += ["", "host share of step: step wall time minus the model's forward and LM head, over step wall "

@@ -31,7 +31,7 @@ def test_output_lengths_equal_and_sharegpt_like():
 
 def test_smollm2_without_its_folder_is_a_skip_line(tmp_path, monkeypatch):
     missing = tmp_path / "no-model"
-    case = engine_vs_hf.Case("smollm2-equal", str(missing), 32, "equal", 1.0)
+    case = engine_vs_hf.Case("smollm2-equal", str(missing), 32, "equal", 1.0, 2)
     monkeypatch.setattr(engine_vs_hf, "SMOLLM2_DIR", missing)
     monkeypatch.setattr(engine_vs_hf, "CASES", (case,))
     engine_vs_hf.main(["--case", "smollm2-equal", "--with-smollm2", "--out", str(tmp_path)])
