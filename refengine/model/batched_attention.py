@@ -52,6 +52,7 @@ class PaddedGroup:
     empty_seqs: torch.Tensor | None  # int64: sequences with seq_len 0 (they read slot 0: zeroed); None if none
     mask: torch.Tensor  # bool [S, 1, max_query_len, L]: query i may attend key j
     has_empty_rows: bool  # some owned query has no key at all (seq_len 0): its output is set to 0
+    all_rows_in_order: bool  # the group owns every row of q, in order, one each (a decode-only step)
     num_seqs: int
     max_query_len: int
     max_seq_len: int  # L (>= 1)
@@ -88,12 +89,12 @@ def build_padded_layout(block_tables: np.ndarray, seq_lens: np.ndarray, query_le
     for members in (np.flatnonzero(is_decode), np.flatnonzero(~is_decode & (query_lens > 0))):
         if members.size:
             groups.append(_group(block_tables[members], seq_lens[members], query_lens[members],
-                                 starts[members], block_size, sliding_window, device))
+                                 starts[members], block_size, sliding_window, device, int(query_lens.sum())))
     return PaddedLayout(tuple(groups), int(query_lens.sum()), sliding_window)
 
 
 def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, starts: np.ndarray,
-           block_size: int, sliding_window: int | None, device) -> PaddedGroup:
+           block_size: int, sliding_window: int | None, device, num_tokens: int) -> PaddedGroup:
     num_seqs = len(seq_lens)
     max_len = max(1, int(seq_lens.max()))
     max_q = int(query_lens.max())
@@ -132,6 +133,7 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
         empty_seqs=as_tensor(np.flatnonzero(empty), torch.int64) if empty.any() else None,
         mask=as_tensor(allowed[:, None], torch.bool),
         has_empty_rows=bool((owned & ~has_key).any()),
+        all_rows_in_order=max_q == 1 and np.array_equal(token_rows, np.arange(num_tokens)),
         num_seqs=num_seqs, max_query_len=max_q, max_seq_len=max_len,
     )
 
@@ -167,15 +169,20 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     num_kv_heads = k_cache.shape[2]
     group_size = num_heads // num_kv_heads
     s, mq, ln = g.num_seqs, g.max_query_len, g.max_seq_len
-    q_pad = q.new_zeros((s * mq, num_heads, head_dim), dtype=ct)
-    q_pad[g.padded_rows] = q[g.token_rows].to(ct)
-    # [S, Mq, Hkv, G, D] -> [S, Hkv, G * Mq, D]: every query head of a KV head in one matrix
-    qg = q_pad.view(s, mq, num_kv_heads, group_size, head_dim).permute(0, 2, 3, 1, 4)
-    qg = qg.reshape(s, num_kv_heads, group_size * mq, head_dim)
+    if mq == 1:  # one query per sequence: [S, Hq, D] is already [S, Hkv, G, D], no padding to scatter
+        q1 = q if g.all_rows_in_order else q[g.token_rows]
+        qg = q1.to(ct).view(s, num_kv_heads, group_size, head_dim)
+        mask = g.mask  # [S, 1, 1, L]: the same keys for every query head, broadcast
+    else:
+        q_pad = q.new_zeros((s * mq, num_heads, head_dim), dtype=ct)
+        q_pad[g.padded_rows] = q[g.token_rows].to(ct)
+        # [S, Mq, Hkv, G, D] -> [S, Hkv, G * Mq, D]: every query head of a KV head in one matrix
+        qg = q_pad.view(s, mq, num_kv_heads, group_size, head_dim).permute(0, 2, 3, 1, 4)
+        qg = qg.reshape(s, num_kv_heads, group_size * mq, head_dim)
+        mask = g.mask if group_size == 1 else g.mask.expand(s, group_size, mq, ln).reshape(
+            s, 1, group_size * mq, ln)
     k = _gather(k_cache, g, ct).transpose(1, 2)  # [S, Hkv, L, D]
     v = _gather(v_cache, g, ct).transpose(1, 2)
-    mask = g.mask if group_size == 1 else g.mask.expand(s, group_size, mq, ln).reshape(
-        s, 1, group_size * mq, ln)
     lse = None
     if want_lse:  # SDPA returns no LSE: the same masked softmax written out
         scores = (qg @ k.transpose(-1, -2)) * scale
@@ -186,11 +193,15 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     else:
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     # back to [S * Mq, Hq, D], then the group's own rows
-    o = o.view(s, num_kv_heads, group_size, mq, head_dim).permute(0, 3, 1, 2, 4).reshape(
-        s * mq, num_heads, head_dim)[g.padded_rows]
-    if lse is not None:
-        lse = lse.view(s, num_kv_heads, group_size, mq).permute(0, 3, 1, 2).reshape(
-            s * mq, num_heads)[g.padded_rows]
+    if mq == 1:
+        o = o.reshape(s, num_heads, head_dim)
+        lse = None if lse is None else lse.reshape(s, num_heads)
+    else:
+        o = o.view(s, num_kv_heads, group_size, mq, head_dim).permute(0, 3, 1, 2, 4).reshape(
+            s * mq, num_heads, head_dim)[g.padded_rows]
+        if lse is not None:
+            lse = lse.view(s, num_kv_heads, group_size, mq).permute(0, 3, 1, 2).reshape(
+                s * mq, num_heads)[g.padded_rows]
     if g.has_empty_rows and lse is None:
         # rows with no key: the convention is 0. torch 2.13's CPU SDPA already returns 0 there, but
         # older releases return NaN: keep the guard
@@ -204,6 +215,9 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout
     """Attention of the step's queries q [T, Hq, D] over the paged caches [num_blocks, block_size, Hkv,
     D] (K/V already written). Returns out like q (``out`` itself when given; rows owned by no group are
     left as they were) and, with ``return_lse``, LSE [T, Hq] (float32; float64 for float64 inputs)."""
+    if out is None and not return_lse and len(layout.groups) == 1 and layout.groups[0].all_rows_in_order:
+        o, _ = _attend_group(q, k_cache, v_cache, layout.groups[0], scale, False)
+        return o.to(q.dtype)  # a decode-only step: the group's output is every row, in order
     if out is None:
         out = torch.empty_like(q)
     lse = None
@@ -221,6 +235,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor, block_size: int) -> None:
     """k_cache[slot // block_size, slot % block_size] = k (same for v); every slot must be >= 0."""
     slots = slot_mapping.to(torch.int64)
+    k_slots, v_slots = _slot_view(k_cache), _slot_view(v_cache)
+    if k_slots is not None and v_slots is not None:  # one index_copy_ per cache, no (block, offset) split
+        k_slots.index_copy_(0, slots, k.to(k_cache.dtype))
+        v_slots.index_copy_(0, slots, v.to(v_cache.dtype))
+        return
     blocks, offsets = slots // block_size, slots % block_size
     k_cache[blocks, offsets] = k
     v_cache[blocks, offsets] = v
