@@ -30,6 +30,7 @@ MEASUREMENT_NAMES = {
     "append": "`append_token` alone, per decode token",
     "scheduler": "scheduler decode step without a model, per sequence",
     "engine": "engine step with a stub model, per sequence (scheduler, block manager, metadata, sampling)",
+    "engine_cpu_layout": "the same, with the CPU attention backend's padded layout built per step",
 }
 
 
@@ -190,4 +191,13 @@ def markdown(summary: dict[str, dict], verdict: dict, trace_note: str, rounds: i
             f"**{verdict['ratio']:.1f}x** the block manager's `append_token` ({verdict['append_token_us']:.2f} µs, "
             f"timed in the same rounds; the median of the rounds' ratios); "
             f"goal ≤ {verdict['limit']:g}x: **{verdict['verdict']}**.")
+    ours = summary.get(OURS, {}).get("figures", {})
+    layout, engine = ours.get("engine_cpu_layout"), ours.get("engine")
+    if layout and engine:
+        lines += ["", f"The CPU attention backend (`torch-batched`, the engine's default on a CPU) adds its padded "
+                  f"layout to every step: {layout['us_per_seq_step']:.2f} µs per sequence with it, "
+                  f"{layout['us_per_seq_step'] / engine['us_per_seq_step']:.1f}x the step without it. It pads "
+                  "every sequence to the step's longest, so with ShareGPT-like lengths it builds far more than "
+                  "the step's keys; the verdict above is on the step every backend shares (a GPU backend "
+                  "builds no such layout)."]
     return lines

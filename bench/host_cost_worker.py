@@ -23,6 +23,9 @@ Measurements, each over ``len(decode_tokens)`` decode steps of every admitted se
   step is judged against (timed in the same rounds, so a machine whose speed drifts moves both alike).
 * ``engine`` (ours only): ``LLM`` steps with the model replaced by a stub returning zeros, so
   everything but the forward is timed: scheduler, block manager, block tables and metadata, sampling.
+* ``engine_cpu_layout`` (ours only): the same, the stub also building the CPU attention backend's
+  padded layout (``plan``) as the real forward does once per step. That layout is host work too, but
+  only the CPU backend has it, and it pads every sequence to the longest one in the step.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class PagedBench:
         from pagedbench.refengine import BlockManager  # noqa: F401  (fails early if absent)
 
         self.t = trace
-        self.measurements = ("kv", "append", "scheduler", "engine")
+        self.measurements = ("kv", "append", "scheduler", "engine", "engine_cpu_layout")
 
     def kv(self) -> float:
         from pagedbench.refengine import BlockManager
@@ -117,7 +120,10 @@ class PagedBench:
 
         return _timed(steps)
 
-    def engine(self) -> float:
+    def engine_cpu_layout(self) -> float:
+        return self.engine(with_layout=True)
+
+    def engine(self, with_layout: bool = False) -> float:
         import torch
         from pagedbench.refengine import LLM, SamplingParams
 
@@ -134,7 +140,10 @@ class PagedBench:
         # views of buffers made once, so that filling logits with zeros is not timed as host work
         num_prompt_tokens = sum(map(len, t["prompts"]))
         hidden_buf, logits_buf = torch.zeros(num_prompt_tokens, hidden), torch.zeros(len(t["prompts"]), vocab)
-        llm.model.forward = lambda ids, pos, meta, kv: hidden_buf[:ids.shape[0]]
+        plan = getattr(llm.model.attention_backend, "plan", None) if with_layout else None
+        plan = plan or (lambda meta, block_size: meta)  # a backend without a layout builds none
+        bs = t["block_size"]
+        llm.model.forward = lambda ids, pos, meta, kv: (plan(meta, bs), hidden_buf[:ids.shape[0]])[1]
         llm.model.compute_logits = lambda h: logits_buf[:h.shape[0]]
         params = SamplingParams(max_tokens=len(t["decode_tokens"]) + 1, ignore_eos=True)
         for p in t["prompts"]:

@@ -32,6 +32,14 @@ def test_summary_is_best_round_per_sequence_step_and_ratio_to_ours():
     assert "| nano-vllm | 3.00 (3.00x) | not driven |" in text
     assert "- vllm-v1: not installed (no peers venv)" in text and "| vllm-v1 |" not in text
     assert "**5.0x**" in text and "**met**" in text
+    assert "padded layout" not in text  # not measured: not reported
+
+
+def test_the_cpu_layouts_cost_is_reported_beside_the_shared_step():
+    results = {"pagedbench": {"status": "ok", "seconds": {"engine": [5.0], "engine_cpu_layout": [20.0]}}}
+    s = host_cost_peers.summarise(results, 1_000_000)
+    text = "\n".join(host_cost_peers.markdown(s, host_cost_peers.engine_verdict(5.0, 1.0, 5.0), "trace", 1))
+    assert "20.00 µs per sequence with it, 4.0x the step without it" in text
 
 
 def test_engine_verdict_against_append_token():
@@ -54,7 +62,8 @@ def test_workers_run_interleaved_rounds_and_a_missing_peer_is_not_installed():
                 WorkerCommand("vllm-v1", None, "no peers venv")]
     results = host_cost_peers.run_side_by_side(commands, _tiny_trace(), rounds=2)
     ours = results["pagedbench"]
-    assert ours["status"] == "ok" and set(ours["seconds"]) == {"kv", "append", "scheduler", "engine"}
+    assert ours["status"] == "ok"
+    assert set(ours["seconds"]) == {"kv", "append", "scheduler", "engine", "engine_cpu_layout"}
     assert all(len(v) == 2 and min(v) > 0 for v in ours["seconds"].values())
     assert results["nano-vllm"]["status"] == "not installed" and "--nano-vllm" in results["nano-vllm"]["reason"]
     assert results["vllm-v1"] == {"status": "not installed", "reason": "no peers venv"}
