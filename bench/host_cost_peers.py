@@ -188,7 +188,7 @@ def markdown(summary: dict[str, dict], verdict: dict, trace_note: str, rounds: i
     else:
         lines.append(
             f"Engine host overhead per sequence per decode step: {verdict['engine_us_per_seq_step']:.2f} µs = "
-            f"**{verdict['ratio']:.1f}x** the block manager's `append_token` ({verdict['append_token_us']:.2f} µs, "
+            f"**{verdict['ratio']:.2f}x** the block manager's `append_token` ({verdict['append_token_us']:.2f} µs, "
             f"timed in the same rounds; the median of the rounds' ratios); "
             f"goal ≤ {verdict['limit']:g}x: **{verdict['verdict']}**.")
     ours = summary.get(OURS, {}).get("figures", {})

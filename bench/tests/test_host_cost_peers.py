@@ -31,7 +31,7 @@ def test_summary_is_best_round_per_sequence_step_and_ratio_to_ours():
     text = "\n".join(host_cost_peers.markdown(s, host_cost_peers.engine_verdict(5.0, 1.0, 5.0), "trace", 2))
     assert "| nano-vllm | 3.00 (3.00x) | not driven |" in text
     assert "- vllm-v1: not installed (no peers venv)" in text and "| vllm-v1 |" not in text
-    assert "**5.0x**" in text and "**met**" in text
+    assert "**5.00x**" in text and "**met**" in text
     assert "padded layout" not in text  # not measured: not reported
 
 
