@@ -278,8 +278,8 @@ def const_off_by_one(tree: ast.Module, src: _Source) -> list[Site]:
 
 
 def skip_cow(tree: ast.Module, src: _Source) -> list[Site]:
-    """The copy-on-write hook's ``ref_count == 1`` test (and ``can_append``'s ``ref_count > 1``) made
-    constant: a shared block is written in place."""
+    """The copy-on-write hook's ``ref_count == 1`` test (and ``can_append``'s ``ref_count > 1``,
+    ``append_token``'s ``ref_count != 1``) made constant: a shared block is written in place."""
     sites = []
     for n in _host_nodes(tree):
         if isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute) and n.left.attr == "ref_count":
@@ -287,7 +287,7 @@ def skip_cow(tree: ast.Module, src: _Source) -> list[Site]:
             if isinstance(rhs, ast.Constant) and rhs.value == 1:
                 if isinstance(n.ops[0], ast.Eq):
                     sites.append(_span(n, "True"))
-                elif isinstance(n.ops[0], ast.Gt):
+                elif isinstance(n.ops[0], (ast.Gt, ast.NotEq)):
                     sites.append(_span(n, "False"))
     return sites
 

@@ -14,7 +14,7 @@ from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.step_inputs import HostBlockTables
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
-from pagedbench.refengine.model.sampling import child_generator, greedy_tokens, sample_batch
+from pagedbench.refengine.model.sampling import child_generator, sample_batch
 
 
 class ModelExecutor:
@@ -67,9 +67,5 @@ class ModelExecutor:
             seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]
             logits = logits[torch.tensor([row for row, _ in seqs], device=device)]
             samplers = [s for _, s in seqs]
-        params = [s.params for s in samplers]
-        if all(p.greedy for p in {id(p): p for p in params}.values()):  # no generator to gather
-            tokens = greedy_tokens(logits)
-        else:
-            tokens = sample_batch(logits, params, [s.generator for s in samplers])
+        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
         return {s.seq_id: t for s, t in zip(samplers, tokens)}

@@ -127,7 +127,6 @@ class Scheduler:
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
         self.peak_running = 0
-        self._prefills_seen = True  # set by each _decodes pass (see there)
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -157,10 +156,10 @@ class Scheduler:
             budget = self._prefill_chunks(chunks, budget)
             budget = self._admit(chunks, budget)
             if not chunks:
-                budget = self._decodes(chunks, copies, preempted, budget)
+                budget, _ = self._decodes(chunks, copies, preempted, budget)
         else:
-            budget = self._decodes(chunks, copies, preempted, budget)
-            if self._prefills_seen:
+            budget, prefills_seen = self._decodes(chunks, copies, preempted, budget)
+            if prefills_seen:  # else a pass over every running sequence would find nothing
                 budget = self._prefill_chunks(chunks, budget)
             budget = self._admit(chunks, budget)
         if not chunks and self.has_unfinished():
@@ -172,7 +171,9 @@ class Scheduler:
                                self.max_num_batched_tokens - budget)
 
     def _decodes(self, chunks: list[ScheduledChunk], copies: list[BlockCopy], preempted: list[int],
-                 budget: int) -> int:
+                 budget: int) -> tuple[int, bool]:
+        """Plan the decodes; returns the budget left and whether a running sequence still has a prompt
+        chunk to compute (one that ran out of budget leaves none for those anyway)."""
         # the loop runs once per running sequence per step: Sequence's properties are read inline here
         running = self.running
         append = self.block_manager.append_token
@@ -199,9 +200,7 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, n - 1, 1))
             budget -= 1
             i += 1
-        # whether _prefill_chunks can find anything: a pass over every running sequence saved per step
-        self._prefills_seen = skipped > 0  # (a loop that ran out of budget leaves none for them anyway)
-        return budget
+        return budget, skipped > 0
 
     def _prefill_chunks(self, chunks: list[ScheduledChunk], budget: int) -> int:
         for seq in self.running:

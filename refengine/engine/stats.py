@@ -58,17 +58,6 @@ class LLMStats:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
 
-def _live_tokens(block_manager) -> int:
-    """Token states held (a shared block's once): the manager's O(1) count, or its metrics snapshot for a
-    manager that keeps none (``live_tokens`` paged, ``num_tokens`` contiguous)."""
-    value = getattr(block_manager, "num_live_tokens", None)
-    if value is not None:
-        return value
-    m = block_manager.metrics()
-    value = getattr(m, "live_tokens", None)
-    return m.num_tokens if value is None else value
-
-
 class StatsRecorder:
     """Accumulates the per-step figures :class:`LLMStats` reports."""
 
@@ -107,7 +96,8 @@ class StatsRecorder:
         table = sum(-(-s.num_table_tokens // bs) for s in scheduler.running)
         self.table_sum += table
         self.used_sum += min(used, table)  # a contiguous reservation holds more than its table: no sharing
-        util = _live_tokens(block_manager) / (block_manager.num_blocks * bs)
+        # token states held, a shared block's once: both allocators keep the count as they go
+        util = block_manager.num_live_tokens / (block_manager.num_blocks * bs)
         self.kv_util_sum += util
         if scheduler.waiting:
             self.queued_steps += 1

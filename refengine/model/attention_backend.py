@@ -176,14 +176,15 @@ def check_step_arrays(block_tables: np.ndarray, seq_lens: np.ndarray, query_lens
                                    f"capacity {block_tables.shape[1]} blocks x {block_size}")
     if num_blocks is None:
         return
-    # the whole table in range (the engine pads with a valid id): no need to mask the unused entries
-    in_range = block_tables.size == 0 or (block_tables.min() >= 0 and block_tables.max() < num_blocks)
-    used = None if in_range else np.arange(block_tables.shape[1])[None, :] < -(-seq_lens[:, None] // block_size)
-    bad = None if in_range else used & ((block_tables < 0) | (block_tables >= num_blocks))
-    if bad is not None and bad.any():
-        s, j = (int(x) for x in np.argwhere(bad)[0])
-        raise InvalidArgumentError(f"block_tables[{s}, {j}] must be a block id in [0, {num_blocks}); "
-                                   f"got {int(block_tables[s, j])}")
+    # entries past a sequence's blocks may hold anything; only when the whole table is not in range (the
+    # engine pads with a valid id, so it always is) are the entries in use looked at one by one
+    if block_tables.size and (block_tables.min() < 0 or block_tables.max() >= num_blocks):
+        used = np.arange(block_tables.shape[1])[None, :] < -(-seq_lens[:, None] // block_size)
+        bad = np.argwhere(used & ((block_tables < 0) | (block_tables >= num_blocks)))
+        if bad.size:
+            s, j = (int(x) for x in bad[0])
+            raise InvalidArgumentError(f"block_tables[{s}, {j}] must be a block id in [0, {num_blocks}); "
+                                       f"got {int(block_tables[s, j])}")
     bad = np.flatnonzero((slot_mapping < 0) | (slot_mapping >= num_blocks * block_size))
     if bad.size:
         i = int(bad[0])

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
-from pagedbench.refengine.model.sampling import kept_distribution, sample_batch, sample_token
+from pagedbench.refengine.model.sampling import greedy_tokens, kept_distribution, sample_batch, sample_token
 
 # distinct logits (no ties), so "the k largest" and "most likely first" are unambiguous
 LOGITS = [2.0, 1.0, 0.5, -0.25, -1.0, 3.0, 0.0]
@@ -188,3 +188,15 @@ def test_a_draw_that_rounds_up_to_the_kept_mass_stays_on_a_kept_token(monkeypatc
     pin_uniform(monkeypatch, 1.0)
     params = SamplingParams(temperature=1.0, top_k=2)
     assert sample_batch(torch.tensor([LOGITS]), [params], [torch.Generator()]) == [0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_greedy_tokens_pick_as_torch_argmax_does(dtype):
+    """Ties go to the first index and a NaN counts as the largest (its first one), whichever path (NumPy
+    on the CPU for float32/64, torch otherwise) picks; the rows may be a non-contiguous view."""
+    nan = math.nan
+    rows = torch.tensor([[0.0, 5.0, 5.0, 1.0], [1.0, nan, 3.0, nan], [-2.0, -1.0, -1.0, -3.0],
+                         [2.0, 1.0, 0.0, 2.0]], dtype=dtype)
+    want = [1, 1, 1, 0]
+    assert greedy_tokens(rows) == want == rows.argmax(dim=-1).tolist()
+    assert greedy_tokens(rows.t().contiguous().t()) == want  # column-major strides

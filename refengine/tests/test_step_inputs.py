@@ -7,9 +7,12 @@ its table may have changed, not every step.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.engine.step_inputs import HostBlockTables
+from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.attention_backend import AttentionMetadata
 
 MODEL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
@@ -69,3 +72,19 @@ def test_step_inputs_slot_mapping_and_positions(loaded):
     assert step.positions.tolist() == want_pos and step.slot_mapping.tolist() == want_slots
     assert step.query_lens.tolist() == [c.num_tokens for c in out.chunks]
     assert step.seq_lens.tolist() == [c.end for c in out.chunks]
+
+
+def _meta(tables):
+    """Two sequences of 5 and 2 tokens (blocks of 4: two blocks and one), decoding one token each."""
+    return AttentionMetadata.from_host(block_tables=np.array(tables, dtype=np.int32), seq_lens=np.array([5, 2]),
+                                       query_lens=np.array([1, 1]), slot_mapping=np.array([4 * 3 + 0, 4 * 1 + 1]),
+                                       block_size=4, num_blocks=8)
+
+
+def test_metadata_checks_the_block_ids_in_use_and_ignores_the_rest():
+    assert _meta([[2, 3, 0], [1, 0, 0]]).validated
+    assert _meta([[2, 3, -1], [1, 99, -5]]).validated  # past each sequence's blocks: anything goes
+    with pytest.raises(InvalidArgumentError, match=r"block_tables\[0, 1\] must be a block id in \[0, 8\); got 8"):
+        _meta([[2, 8, 0], [1, 0, 0]])
+    with pytest.raises(InvalidArgumentError, match=r"block_tables\[1, 0\] must be a block id in \[0, 8\); got -1"):
+        _meta([[2, 3, 0], [-1, 0, 0]])
