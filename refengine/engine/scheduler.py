@@ -282,46 +282,70 @@ class Scheduler:
         that finished (their blocks already freed)."""
         bm = self.block_manager
         bs = bm.block_size
-        by_id: dict[int, Sequence] = {}
+        publish = self.prefix_caching
+        finished: list[Sequence] = []
+        used = 0  # tokens of ``sampled`` taken: each must belong to a sequence that sampled
+        eos, max_len = self.stop.eos_token_ids, self.stop.max_model_len
+        # one pass over the step's chunks (this runs once per sequence per step): the common case of a
+        # sequence that sampled one token is handled inline, forks and finishing in methods
         for chunk in out.chunks:
             seq = chunk.seq
             end = seq.num_computed_tokens = chunk.end
             # the step wrote these tokens' K/V: their full blocks may be cached. A one-token chunk can
             # complete a block only when it ends on a block boundary (the commonest step skips the call)
-            if self.prefix_caching and (chunk.num_tokens > 1 or end % bs == 0):
+            if publish and (chunk.num_tokens > 1 or end % bs == 0):
                 bm.publish_blocks(seq.seq_id, end)
-            by_id[seq.seq_id] = seq
-            if chunk.samples and seq.pending_children:
-                for child in seq.pending_children:
-                    bm.fork(seq.seq_id, child.seq_id)
-                    child.status = SequenceStatus.RUNNING
-                    child.num_computed_tokens = child.num_table_tokens = seq.num_computed_tokens
-                    bisect.insort(self.running, child, key=lambda s: s.priority)
-                    by_id[child.seq_id] = child
-                seq.pending_children = []
-        finished = []
-        eos, max_len = self.stop.eos_token_ids, self.stop.max_model_len
-        for seq_id, token in sampled.items():
-            seq = by_id[seq_id]
+            if not chunk.samples:
+                continue
+            if seq.pending_children:
+                for s in self._fork_children(seq):
+                    if s.seq_id in sampled:
+                        used += 1
+                        s.token_ids.append(sampled[s.seq_id])
+                        self._finish(s, s.token_ids[-1], finished)
+                continue
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            used += 1
             tokens = seq.token_ids
             tokens.append(token)
             p = seq.params
             n = len(tokens)
-            # a cheap test first (once per sequence per step); _finish_reason then names the reason
+            # a cheap test first; _finish names the reason
             if (n - seq.num_prompt_tokens < p.max_tokens and n <= max_len and token not in p.stop_token_ids
                     and (p.ignore_eos or token not in eos)):
                 continue
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                bm.free(seq.seq_id)
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = reason
-                finished.append(seq)
+            self._finish(seq, token, finished)
+        if used != len(sampled):
+            raise RuntimeError(f"the executor returned tokens for {len(sampled)} sequences, of which "
+                               f"{used} sampled this step")
         if finished:  # one pass, not a list.remove per finished sequence (quadratic when a batch ends)
             done = SequenceStatus.FINISHED
             self.running[:] = [s for s in self.running if s.status is not done]
         self.peak_running = max(self.peak_running, len(self.running))
         return finished
+
+    def _fork_children(self, seq: Sequence) -> list[Sequence]:
+        """Fork ``seq``'s pending children from its just-computed prompt; returns ``seq`` and them."""
+        bm = self.block_manager
+        children = seq.pending_children
+        for child in children:
+            bm.fork(seq.seq_id, child.seq_id)
+            child.status = SequenceStatus.RUNNING
+            child.num_computed_tokens = child.num_table_tokens = seq.num_computed_tokens
+            bisect.insort(self.running, child, key=lambda s: s.priority)
+        seq.pending_children = []
+        return [seq, *children]
+
+    def _finish(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
+        """Finish ``seq`` (its blocks freed) if ``token``, just appended, ends it."""
+        reason = self._finish_reason(seq, token)
+        if reason is not None:
+            self.block_manager.free(seq.seq_id)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            finished.append(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params

@@ -53,7 +53,8 @@ class HostBlockTables:
         self.written_preemptions = np.zeros(num_rows, dtype=np.int64)
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.seq_of: dict[int, int] = {}  # row -> seq_id
-        self.num_row_writes = 0  # rows rewritten so far (tests and benchmarks read it)
+        self.num_row_writes = 0  # rows rewritten whole so far (tests and benchmarks read it)
+        self.num_row_extends = 0  # rows that had blocks appended
 
     def rows(self, out: SchedulerOutput, ends: np.ndarray | None = None) -> np.ndarray:
         """int64 [S]: the row of each chunk's sequence, every row brought up to date (see the module).
@@ -67,10 +68,14 @@ class HostBlockTables:
         # which known rows are stale, in one vector test rather than one per sequence
         preemptions = np.fromiter((c.seq.num_preemptions for c in chunks), dtype=np.int64, count=len(chunks))
         known = np.maximum(rows, 0)
-        stale = (rows < 0) | (self.written_preemptions[known] != preemptions) | (
-            self.num_blocks[known] * self.block_size < ends)
+        stale = (rows < 0) | (self.written_preemptions[known] != preemptions)
         if out.copies:
             stale[:] = True
+        # a sequence that only grew keeps its row's blocks: the new ones are appended in one vector write
+        # (a full rewrite per new block was most of this method's cost in a long decode)
+        grown = np.flatnonzero(~stale & (self.num_blocks[known] * self.block_size < ends))
+        if grown.size:
+            self._extend(rows[grown], [chunks[i].seq.seq_id for i in grown.tolist()])
         todo = np.flatnonzero(stale)
         if todo.size:
             step_ids = {c.seq.seq_id for c in chunks}
@@ -82,6 +87,25 @@ class HostBlockTables:
                     rows[i] = row
                 self._write(row, seq)
         return rows
+
+    def _extend(self, rows: np.ndarray, seq_ids: list[int]) -> None:
+        """Append the blocks each of ``seq_ids`` gained since its row (in ``rows``) was written."""
+        block_table = self.block_manager.block_table
+        tables = [block_table(s) for s in seq_ids]
+        have = self.num_blocks[rows].tolist()
+        longest = max(map(len, tables))
+        if longest > self.table.shape[1]:
+            self._grow(cols=max(longest, 2 * self.table.shape[1]))
+        r_idx: list[int] = []
+        c_idx: list[int] = []
+        ids: list[int] = []
+        for row, start, table in zip(rows.tolist(), have, tables):
+            r_idx.extend([row] * (len(table) - start))
+            c_idx.extend(range(start, len(table)))
+            ids.extend(table[start:])
+        self.table[r_idx, c_idx] = ids
+        self.num_blocks[rows] = [len(t) for t in tables]
+        self.num_row_extends += len(seq_ids)
 
     def _take_row(self, seq_id: int, step_ids: set[int]) -> int:
         num_rows = self.table.shape[0]

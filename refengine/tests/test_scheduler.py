@@ -5,6 +5,7 @@ parallel-sampling request will fork, and copy-on-write copies reported when fork
 
 from __future__ import annotations
 
+import pytest
 from pagedbench.refengine import BlockManager, SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
@@ -100,3 +101,13 @@ def test_scheduler_seats_and_forks():
     assert copies == [(shared, bm.block_table(0)[1]), (shared, bm.block_table(10)[1])]
     assert bm.block_table(11)[1] == shared and bm.ref_count(shared) == 1
     assert len({bm.block_table(i)[1] for i in (0, 10, 11)}) == 3
+
+
+def test_update_refuses_tokens_for_sequences_that_did_not_sample():
+    """A token for a sequence mid-prompt (or unknown) is an executor bug, named rather than dropped."""
+    _, sched = make_scheduler(32, 4, max_num_batched_tokens=6)
+    for seq_id, n in ((0, 4), (1, 7)):
+        sched.add(make_seq(seq_id, n))
+    out = sched.schedule()  # seq 0's whole prompt samples; seq 1's first chunk does not
+    with pytest.raises(RuntimeError, match="tokens for 2 sequences, of which 1 sampled"):
+        sched.update(out, {0: 1, 1: 1})
