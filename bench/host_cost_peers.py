@@ -197,7 +197,6 @@ def markdown(summary: dict[str, dict], verdict: dict, trace_note: str, rounds: i
         lines += ["", f"The CPU attention backend (`torch-batched`, the engine's default on a CPU) adds its padded "
                   f"layout to every step: {layout['us_per_seq_step']:.2f} µs per sequence with it, "
                   f"{layout['us_per_seq_step'] / engine['us_per_seq_step']:.1f}x the step without it. It pads "
-                  "every sequence to the step's longest, so with ShareGPT-like lengths it builds far more than "
-                  "the step's keys; the verdict above is on the step every backend shares (a GPU backend "
-                  "builds no such layout)."]
+                  "each decode to the next power of two of its length (at most twice its keys); the verdict "
+                  "above is on the step every backend shares (a GPU backend builds no such layout)."]
     return lines

@@ -22,10 +22,11 @@ Measurements, each over ``len(decode_tokens)`` decode steps of every admitted se
 * ``append`` (ours only): ``append_token`` alone for every decode token, the unit the engine's host
   step is judged against (timed in the same rounds, so a machine whose speed drifts moves both alike).
 * ``engine`` (ours only): ``LLM`` steps with the model replaced by a stub returning zeros, so
-  everything but the forward is timed: scheduler, block manager, block tables and metadata, sampling.
-* ``engine_cpu_layout`` (ours only): the same, the stub also building the CPU attention backend's
-  padded layout (``plan``) as the real forward does once per step. That layout is host work too, but
-  only the CPU backend has it, and it pads every sequence to the longest one in the step.
+  everything but the forward is timed: scheduler, block manager, block tables and metadata, sampling;
+  with no attention layout planned, as on a GPU backend (the step every backend shares).
+* ``engine_cpu_layout`` (ours only): the same, the executor also planning the CPU attention backend's
+  padded layout (``plan``) as it does once per step on a CPU. That layout is host work too, but only
+  the CPU backend has it (decodes bucketed by length, so it builds at most twice the step's keys).
 """
 
 from __future__ import annotations
@@ -140,10 +141,9 @@ class PagedBench:
         # views of buffers made once, so that filling logits with zeros is not timed as host work
         num_prompt_tokens = sum(map(len, t["prompts"]))
         hidden_buf, logits_buf = torch.zeros(num_prompt_tokens, hidden), torch.zeros(len(t["prompts"]), vocab)
-        plan = getattr(llm.model.attention_backend, "plan", None) if with_layout else None
-        plan = plan or (lambda meta, block_size: meta)  # a backend without a layout builds none
-        bs = t["block_size"]
-        llm.model.forward = lambda ids, pos, meta, kv: (plan(meta, bs), hidden_buf[:ids.shape[0]])[1]
+        if not with_layout:  # the step every backend shares: a GPU backend plans no layout
+            llm.executor.plan = None
+        llm.model.forward = lambda ids, pos, meta, kv: hidden_buf[:ids.shape[0]]
         llm.model.compute_logits = lambda h: logits_buf[:h.shape[0]]
         params = SamplingParams(max_tokens=len(t["decode_tokens"]) + 1, ignore_eos=True)
         for p in t["prompts"]:

@@ -3,8 +3,9 @@
 It never decides who runs: it executes the :class:`SchedulerOutput` it is given and returns the tokens.
 Per step, on the host: the persistent block-table rows are brought up to date and the step's inputs
 computed with vector operations (:mod:`step_inputs`), the :class:`AttentionMetadata` is built and
-checked once (the launchers then skip their own checks), and nothing is read back from the device
-until the sampled tokens.
+checked once (the launchers then skip their own checks), the attention backend's layout is planned
+(``plan``: the CPU backend's padded gather), and nothing is read back from the device until the sampled
+tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class ModelExecutor:
         self.kv_caches = pool.kv_caches()
         self.tables = HostBlockTables(block_manager, block_size)
         self.check_block_tables = False
+        # the attention backend's per-step layout (the CPU backend's gather indices and masks), built here
+        # so that it counts as host time; the model's forward then finds it built. None: no such step
+        self.plan = getattr(getattr(model, "attention_backend", None), "plan", None)
 
     @staticmethod
     def make_generator(base_seed: int, child_index: int) -> torch.Generator:
@@ -51,6 +55,8 @@ class ModelExecutor:
             block_tables=step.block_tables, seq_lens=step.seq_lens, query_lens=step.query_lens,
             slot_mapping=step.slot_mapping, device=device, block_size=self.block_size,
             num_blocks=self.pool.num_blocks)
+        if self.plan is not None:
+            meta = self.plan(meta, self.block_size)
         ids = torch.from_numpy(step.input_ids).to(device)
         pos = torch.from_numpy(step.positions).to(device)
         hidden = self.model.forward(ids, pos, meta, self.kv_caches)

@@ -1,9 +1,12 @@
 """Paged attention for a whole step at once: gather K/V through the block tables into padded tensors and
 call one masked ``scaled_dot_product_attention`` per group of sequences (the CPU path of the engine).
 
-A step's sequences are split into at most two groups, decodes (one query each) and the rest (prefill
-chunks), so a long prefill chunk does not pad every decode to its length. Within a group of ``S``
-sequences, ``Mq`` = the longest query and ``L`` = the longest context::
+A step's sequences are split into groups: decodes (one query each), bucketed by length, and the rest
+(prefill chunks), so a long prefill chunk does not pad every decode to its length. A decode of ``n``
+keys goes to the bucket of the next power of two at or above ``max(n, MIN_DECODE_BUCKET)``, so no
+decode is padded to more than twice its length (a step whose lengths run from 20 to 2,000 would
+otherwise gather and attend 2,000 keys for every sequence). Within a group of ``S`` sequences, ``Mq`` =
+the longest query and ``L`` = the longest context::
 
     key j of sequence s:   block = block_table[s, j // block_size], offset = j % block_size  (j < seq_len)
     query i of sequence s: position seq_len - q_len + i, attends keys j <= position (and j > position - w
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 from pagedbench.kernels.validation import (
     REFERENCE_DTYPES,
+    KernelInputError,
     check_paged_decode,
     check_paged_prefill,
     check_write_kv,
@@ -46,9 +50,8 @@ class PaddedGroup:
 
     token_rows: torch.Tensor  # int64 [Tg]: rows of the step's T tokens owned by this group
     padded_rows: torch.Tensor  # int64 [Tg]: the same tokens' rows in the padded [S * max_query_len]
-    key_blocks: torch.Tensor  # int64 [S, L]: physical block of key j (for j >= seq_len: of key seq_len-1)
-    key_offsets: torch.Tensor  # int64 [S, L]: offset in that block
-    key_slots: torch.Tensor  # int64 [S * L]: block * block_size + offset, flattened (for index_select)
+    key_slots: torch.Tensor  # int64 [S * L]: slot (block * block_size + offset) of key j, flattened; for
+    # j >= seq_len the slot of key seq_len - 1
     empty_seqs: torch.Tensor | None  # int64: sequences with seq_len 0 (they read slot 0: zeroed); None if none
     mask: torch.Tensor  # bool [S, 1, max_query_len, L]: query i may attend key j
     has_empty_rows: bool  # some owned query has no key at all (seq_len 0): its output is set to 0
@@ -85,12 +88,30 @@ def build_padded_layout(block_tables: np.ndarray, seq_lens: np.ndarray, query_le
     else:
         starts = np.asarray(query_starts, dtype=np.int64)
     is_decode = query_lens == 1
+    num_tokens = int(query_lens.sum())
     groups = []
-    for members in (np.flatnonzero(is_decode), np.flatnonzero(~is_decode & (query_lens > 0))):
+    for members in (*_decode_buckets(np.flatnonzero(is_decode), seq_lens),
+                    np.flatnonzero(~is_decode & (query_lens > 0))):
         if members.size:
             groups.append(_group(block_tables[members], seq_lens[members], query_lens[members],
-                                 starts[members], block_size, sliding_window, device, int(query_lens.sum())))
-    return PaddedLayout(tuple(groups), int(query_lens.sum()), sliding_window)
+                                 starts[members], block_size, sliding_window, device, num_tokens))
+    return PaddedLayout(tuple(groups), num_tokens, sliding_window)
+
+
+#: decodes this short or shorter share one bucket: below it a group's fixed cost (a gather and an SDPA
+#: call per layer) outweighs the padding it saves
+MIN_DECODE_BUCKET = 32
+
+
+def _decode_buckets(decodes: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+    """``decodes`` (indices into ``seq_lens``) split by the power of two at or above each length."""
+    if decodes.size == 0:
+        return []
+    lens = np.maximum(seq_lens[decodes], MIN_DECODE_BUCKET)
+    bucket = np.frexp(lens - 1)[1]  # ceil(log2(len)) for len >= 2
+    if bucket.min() == bucket.max():  # the commonest step: one bucket, the members as they are
+        return [decodes]
+    return [decodes[bucket == b] for b in np.unique(bucket)]
 
 
 def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, starts: np.ndarray,
@@ -100,26 +121,22 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
     max_q = int(query_lens.max())
     key_pos = np.arange(max_len)
     key_valid = key_pos[None, :] < seq_lens[:, None]  # [S, L]
-    # Padding keys re-read the sequence's last key rather than being zeroed after the gather: a masked
-    # fill of the gathered [S, L, Hkv, D] costs as much as the gather itself on a CPU, and the mask gives
-    # these duplicates weight exactly 0. Entries of a table past its sequence's blocks are never read.
     empty = seq_lens == 0
-    read_pos = np.minimum(key_pos[None, :], np.maximum(seq_lens - 1, 0)[:, None])  # [S, L]
-    if tables.shape[1]:
-        blocks = np.take_along_axis(tables, read_pos // block_size, axis=1).astype(np.int64)
-        blocks[empty] = 0
+    slots = _key_slots(tables, seq_lens, key_valid, empty, block_size, max_len)
+    if max_q == 1 and sliding_window is None:  # decodes: the query is the last token and sees every key
+        allowed = key_valid[:, None, :]
+        has_key = ~empty[:, None]
+        owned = np.ones((num_seqs, 1), dtype=bool)
     else:
-        blocks = np.zeros((num_seqs, max_len), dtype=np.int64)
-    offsets = np.where(empty[:, None], 0, read_pos % block_size)
-    q_idx = np.arange(max_q)
-    q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [S, Mq]
-    owned = q_idx[None, :] < query_lens[:, None]
-    allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_valid[:, None, :]
-    if sliding_window is not None:
-        allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
-    has_key = allowed.any(axis=-1)
-    # padding query rows attend every real key (their output is dropped; this keeps them NaN-free)
-    allowed = np.where(owned[:, :, None], allowed, key_valid[:, None, :])
+        q_idx = np.arange(max_q)
+        q_pos = (seq_lens - query_lens)[:, None] + q_idx[None, :]  # [S, Mq]
+        owned = q_idx[None, :] < query_lens[:, None]
+        allowed = (key_pos[None, None, :] <= q_pos[:, :, None]) & key_valid[:, None, :]
+        if sliding_window is not None:
+            allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+        has_key = allowed.any(axis=-1)
+        # padding query rows attend every real key (their output is dropped; this keeps them NaN-free)
+        allowed = np.where(owned[:, :, None], allowed, key_valid[:, None, :])
     seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
     i_of_token = np.arange(int(query_lens.sum())) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
     token_rows = np.repeat(starts, query_lens) + i_of_token
@@ -127,15 +144,37 @@ def _group(tables: np.ndarray, seq_lens: np.ndarray, query_lens: np.ndarray, sta
     return PaddedGroup(
         token_rows=as_tensor(token_rows, torch.int64),
         padded_rows=as_tensor(seq_of_token * max_q + i_of_token, torch.int64),
-        key_blocks=as_tensor(blocks, torch.int64),
-        key_offsets=as_tensor(offsets, torch.int64),
-        key_slots=as_tensor((blocks * block_size + offsets).reshape(-1), torch.int64),
+        key_slots=as_tensor(slots.reshape(-1), torch.int64),
         empty_seqs=as_tensor(np.flatnonzero(empty), torch.int64) if empty.any() else None,
         mask=as_tensor(allowed[:, None], torch.bool),
         has_empty_rows=bool((owned & ~has_key).any()),
         all_rows_in_order=max_q == 1 and np.array_equal(token_rows, np.arange(num_tokens)),
         num_seqs=num_seqs, max_query_len=max_q, max_seq_len=max_len,
     )
+
+
+def _key_slots(tables: np.ndarray, seq_lens: np.ndarray, key_valid: np.ndarray, empty: np.ndarray,
+               block_size: int, max_len: int) -> np.ndarray:
+    """int64 [S, L]: the slot (``block * block_size + offset``) of each key.
+
+    Padding keys re-read the sequence's last key rather than being zeroed after the gather: a masked
+    fill of the gathered [S, L, Hkv, D] costs as much as the gather itself on a CPU, and the mask gives
+    these duplicates weight exactly 0. Entries of a table past its sequence's blocks are never read
+    (whatever they hold, the slots they give are replaced); a sequence with no key reads slot 0.
+    """
+    num_seqs = len(seq_lens)
+    blocks_used = -(-max_len // block_size)
+    if tables.shape[1] < blocks_used:
+        if seq_lens.max() > 0:  # the launchers' checks name this; unchecked, it must still not read wild
+            raise KernelInputError(f"block tables of {tables.shape[1]} blocks cannot hold {max_len} keys "
+                                       f"of {block_size} per block")
+        return np.zeros((num_seqs, max_len), dtype=np.int64)  # no sequence has a key
+    # every slot of the first blocks_used blocks, block by block, then cut to L
+    block_starts = tables[:, :blocks_used].astype(np.int64) * block_size
+    slots = (block_starts[:, :, None] + np.arange(block_size)).reshape(num_seqs, -1)[:, :max_len]
+    last = slots[np.arange(num_seqs), np.maximum(seq_lens - 1, 0)]
+    last[empty] = 0
+    return np.where(key_valid, slots, last[:, None])
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -155,7 +194,9 @@ def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype) -> torch.Te
     if slots is not None:  # index_select over slots: ~5x faster than indexing by (block, offset) on a CPU
         x = slots.index_select(0, g.key_slots).view(g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
     else:
-        x = cache[g.key_blocks, g.key_offsets].to(dtype)
+        block_size = cache.shape[1]
+        x = cache[g.key_slots // block_size, g.key_slots % block_size].view(
+            g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
     if g.empty_seqs is not None:
         x[g.empty_seqs] = 0.0
     return x

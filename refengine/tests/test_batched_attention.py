@@ -1,7 +1,8 @@
 """The batched torch attention (``refengine.model.batched_attention``) against ``kernels.reference`` on
 engine-shaped steps; the full launcher contract is the conformance gate's (``--impl torch-batched``).
 
-A step mixing decodes and prefill chunks splits into two padded groups; the cache's unused slots hold
+A step mixing decodes and prefill chunks splits into padded groups (decodes bucketed by length, so none
+is padded past twice its length); the cache's unused slots hold
 NaN (never read into a result); a cache laid out so that its slots cannot be flattened into one index
 takes the (block, offset) gather and must agree bit for bit with the fast path.
 """
@@ -14,7 +15,13 @@ import numpy as np
 import pytest
 import torch
 from pagedbench.kernels import reference
-from pagedbench.refengine.model.batched_attention import _slot_view, build_padded_layout, paged_prefill
+from pagedbench.refengine.model.batched_attention import (
+    MIN_DECODE_BUCKET,
+    _slot_view,
+    build_padded_layout,
+    paged_decode,
+    paged_prefill,
+)
 
 NUM_BLOCKS, BLOCK_SIZE, HKV, HQ, D = 24, 4, 2, 8, 16
 #: float32 against the float32 reference: the same sums in another order (observed <= 5e-7)
@@ -76,12 +83,48 @@ def test_a_cache_without_a_slot_view_takes_the_block_offset_gather():
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_a_sequence_with_no_keys_gets_zeros_not_nan(return_lse):
     q, k, v, tables, seq_lens, _ = step_case()
-    seq_lens = seq_lens.clone()
+    seq_lens, tables = seq_lens.clone(), tables.clone()
     seq_lens[1] = 0
-    from pagedbench.refengine.model.batched_attention import paged_decode
-
+    tables[1] = NUM_BLOCKS + 99  # a sequence with no key uses none of its table: never read
     res = paged_decode(q[:5], k, v, tables, seq_lens, return_lse=return_lse, validate=False)
     out = res[0] if return_lse else res
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.isfinite(out).all()
     if return_lse:
         assert torch.isneginf(res[1][1]).all()
+
+
+def test_decodes_of_spread_lengths_are_bucketed_and_match_the_reference():
+    """Decodes of 1 to ~4x MIN_DECODE_BUCKET keys, in shuffled order: each group pads its members to at
+    most twice their length (or to the smallest bucket), and the output rows land where they belong."""
+    g = torch.Generator().manual_seed(3)
+    b = MIN_DECODE_BUCKET
+    lens = [b * 4 - 3, 1, b + 1, 5, 2 * b, b, 3 * b, 2 * b + 1]
+    block_size, hkv, hq, d = 4, 2, 4, 8
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 3
+    blocks = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(lens), max(need)), num_blocks + 7, dtype=torch.int32)  # unused: out of range
+    for s, n in enumerate(need):
+        tables[s, :n] = torch.tensor(blocks[:n])
+        blocks = blocks[n:]
+    k = torch.randn(num_blocks, block_size, hkv, d, generator=g)
+    v = torch.randn(num_blocks, block_size, hkv, d, generator=g)
+    q = torch.randn(len(lens), hq, d, generator=g)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    layout = build_padded_layout(tables.numpy(), seq_lens.numpy(), np.ones(len(lens), np.int64), block_size)
+    assert sum(grp.num_seqs for grp in layout.groups) == len(lens) and len(layout.groups) == 3
+    for grp in layout.groups:
+        members = [lens[r] for r in grp.token_rows.tolist()]
+        assert grp.max_seq_len == max(members) and grp.max_seq_len <= max(b, 2 * min(members) - 1)
+    got, lse = paged_decode(q, k, v, tables, seq_lens, return_lse=True, validate=False)
+    want, want_lse = reference.paged_decode(q, k, v, tables, seq_lens, return_lse=True, validate=False)
+    torch.testing.assert_close(got, want, rtol=0, atol=FP32_ATOL)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=FP32_ATOL)
+    torch.testing.assert_close(paged_decode(q, k, v, tables, seq_lens, validate=False), want, rtol=0,
+                               atol=FP32_ATOL)  # the SDPA path
+
+
+def test_unchecked_tables_too_narrow_for_the_lengths_are_refused_not_read_past():
+    q, k, v, tables, seq_lens, _ = step_case()
+    with pytest.raises(ValueError, match="block tables of 0 blocks cannot hold 17 keys"):
+        paged_decode(q[:5], k, v, tables[:, :0], seq_lens, validate=False)
