@@ -45,7 +45,8 @@ def markdown(doc: dict) -> str:
                 f"for {h['generated_tokens']} asked; greedy tokens equal to transformers' for "
                 f"{r['correctness']['equal_request_share']:.0%} of requests.")
     lines += ["", "host share of step: step wall time minus the model's forward and LM head, over step wall "
-              "time (scheduler, block manager, block tables and metadata, sampling).", "",
+              "time (scheduler, block manager, block tables and metadata, the CPU attention backend's gather "
+              "layout, sampling).", "",
               environment_markdown(doc["environment"])]
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """Host time per engine step: each step's wall time, less the model's own compute (forward and LM head).
 
-What remains is the engine's host path: scheduler, block manager, block tables and metadata, sampling.
+What remains is the engine's host path: scheduler, block manager, block tables and metadata (with the
+attention backend's per-step layout, which the executor plans), sampling.
 :func:`timed_steps` instruments one ``LLM`` for the duration of a ``with`` block and restores it after.
 """
 

@@ -139,7 +139,7 @@ def write_markdown(result: dict, path: Path) -> str:
         "all: mean over every step; queued: over the steps that ended with requests still waiting (the "
         "KV pool, not the trace's tail, limits the batch there). host share of step: step wall time less "
         "the model's forward and LM head, over step wall time (scheduler, block manager, block tables and "
-        "metadata, sampling).",
+        "metadata, the CPU attention backend's gather layout, sampling).",
         "",
         *_ratios(alloc),
         *([f"- smollm2: {cfg['smollm2_status']}"] if cfg.get("smollm2_status", "run") != "run" else []),
