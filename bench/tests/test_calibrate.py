@@ -98,10 +98,11 @@ def test_the_schedule_check_catches_a_different_schedule():
     cost = _cost(dict(zip(TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8))))
     same = serve_simulated(e, trace, cost)
     assert same.shapes == real.shapes
-    # each request's finish step: the wall latency is the steps' time up to it, the CPU latency their CPU time
+    # each request's finish step: its wall latency holds the steps' own time up to it (and the moments
+    # between steps, which a loaded machine stretches: no tighter bound holds), its CPU latency their CPU time
     assert max(real.finish_steps) == len(real.steps) - 1
     wall = np.cumsum([s.step_s for s in real.steps])
-    assert np.allclose([wall[i] for i in real.finish_steps], real.latencies_s, rtol=0.05)
+    assert all(wall[i] <= lat for i, lat in zip(real.finish_steps, real.latencies_s))
     cpu = real.on_cpu_clock()
     assert cpu.latencies_s == tuple(float(np.cumsum([s.cpu_s for s in real.steps])[i]) for i in real.finish_steps)
     other = serve_simulated(dataclasses.replace(e, max_num_seqs=2), trace, cost)  # admits fewer at once

@@ -93,7 +93,8 @@ class StatsRecorder:
         used = block_manager.num_used_blocks
         bs = block_manager.block_size
         self.peak_used = max(self.peak_used, used)
-        table = sum(-(-s.num_table_tokens // bs) for s in scheduler.running)
+        # the running sequences' tables are the block manager's: both allocators keep their length
+        table = block_manager.num_table_blocks
         self.table_sum += table
         self.used_sum += min(used, table)  # a contiguous reservation holds more than its table: no sharing
         # token states held, a shared block's once: both allocators keep the count as they go

@@ -82,7 +82,8 @@ class BlockManager:
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
                  "_failed_allocations", "_forks", "_free", "_live_tokens", "_next_content_id", "_num_blocks",
-                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "_twins", "enable_prefix_caching")
+                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "_table_blocks", "_twins",
+                 "enable_prefix_caching")
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
         self._num_blocks = _positive_int("num_blocks", num_blocks)
@@ -107,6 +108,7 @@ class BlockManager:
         # token states held, a shared block's once: kept as blocks are taken and released, so the
         # engine can read utilisation every step without a pass over every table
         self._live_tokens = 0
+        self._table_blocks = 0  # entries of every table together (kept the same way)
 
     # --- sizes -----------------------------------------------------------------------------------
     @property
@@ -136,6 +138,11 @@ class BlockManager:
     def num_live_tokens(self) -> int:
         """Token states held by the tables, a token in a shared block once (``metrics().live_tokens``, O(1))."""
         return self._live_tokens
+
+    @property
+    def num_table_blocks(self) -> int:
+        """Entries of every block table together, a block shared by k tables k times (O(1))."""
+        return self._table_blocks
 
     # --- the contract ----------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
@@ -179,6 +186,7 @@ class BlockManager:
             b.ref_count += 1
         blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
         self._live_tokens += len(tokens) - (len(hits) - revived) * bs
+        self._table_blocks += len(blocks)
         num_computed = len(tokens) if publish else len(hits) * bs
         seq = _Sequence(blocks, tokens, cache_salt, num_computed, len(hits), chain_hash, chain_key, publish)
         self._seqs[seq_id] = seq
@@ -210,6 +218,7 @@ class BlockManager:
                 raise OutOfBlocksError(
                     f"sequence {seq_id!r} needs a new block for token {n} but none is free")
             seq.blocks.append(self._take_fresh())
+            self._table_blocks += 1
         elif seq.blocks[-1].ref_count != 1:
             copy = self._copy_on_write_last_block(seq)
         tokens.append(token_id)
@@ -245,6 +254,7 @@ class BlockManager:
         self._check_new_seq_id(child_id)
         for b in parent.blocks:
             b.ref_count += 1
+        self._table_blocks += len(parent.blocks)
         self._seqs[child_id] = _Sequence(list(parent.blocks), list(parent.token_ids), parent.salt,
                                          parent.num_computed, parent.num_published, parent.chain_hash,
                                          parent.chain_key, parent.auto_publish)
@@ -255,6 +265,7 @@ class BlockManager:
         self._get(seq_id)
         seq = self._seqs.pop(seq_id)
         free, cached, blocks, bs = self._free, self._cached, seq.blocks, self._block_size
+        self._table_blocks -= len(blocks)
         last = len(blocks) - 1
         for i in range(last, -1, -1):
             b = blocks[i]

@@ -89,6 +89,9 @@ def check_invariants(bm: BlockManager) -> None:
     live = compute_metrics(bm).live_tokens
     if bm.num_live_tokens != live:
         _fail("live tokens", f"the running count says {bm.num_live_tokens}, the tables hold {live}")
+    entries = sum(len(seq.blocks) for seq in bm._seqs.values())
+    if bm.num_table_blocks != entries:
+        _fail("table blocks", f"the running count says {bm.num_table_blocks}, the tables have {entries}")
 
 
 def _check_tables(bm: BlockManager) -> None:

@@ -118,6 +118,7 @@ class ContiguousBlockManager:
         self._owner: dict[int, Hashable] = {}  # start block -> seq id
         self._failed_allocations = 0
         self._live_tokens = 0  # sum of every reservation's num_tokens, kept as they change
+        self._table_blocks = 0  # sum of every table's length (its tokens' blocks), kept the same way
 
     @property
     def reserves_by_output_len(self) -> bool:
@@ -188,6 +189,7 @@ class ContiguousBlockManager:
         self._seqs[seq_id] = _Reservation(start, n_blocks, r, len(tokens))
         self._owner[start] = seq_id
         self._live_tokens += len(tokens)
+        self._table_blocks += -(-len(tokens) // self.block_size)
         return 0
 
     def append_token(self, seq_id: Hashable, token_id: int) -> list[tuple[int, int]]:
@@ -198,6 +200,8 @@ class ContiguousBlockManager:
         if res.num_tokens >= res.reserve_tokens:
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} has used its whole reservation of {res.reserve_tokens} tokens")
+        if res.num_tokens % self.block_size == 0:  # the token starts a block of the table
+            self._table_blocks += 1
         res.num_tokens += 1
         self._live_tokens += 1
         return []
@@ -218,6 +222,7 @@ class ContiguousBlockManager:
         del self._owner[res.start]
         del self._seqs[seq_id]
         self._live_tokens -= res.num_tokens
+        self._table_blocks -= -(-res.num_tokens // self.block_size)
 
     # --- queries --------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Reservation:
@@ -280,6 +285,11 @@ class ContiguousBlockManager:
         """Token states held (``metrics().num_tokens``, O(1))."""
         return self._live_tokens
 
+    @property
+    def num_table_blocks(self) -> int:
+        """Entries of every block table together (the blocks its tokens cover, not the reservation; O(1))."""
+        return self._table_blocks
+
     def metrics(self) -> ContiguousMetrics:
         bs = self.block_size
         tokens = sum(r.num_tokens for r in self._seqs.values())
@@ -311,3 +321,6 @@ class ContiguousBlockManager:
             raise AssertionError(f"held blocks {used} != arena's used blocks {self.num_used_blocks}")
         if self._live_tokens != sum(r.num_tokens for r in self._seqs.values()):
             raise AssertionError(f"live token count {self._live_tokens} != the reservations' tokens")
+        entries = sum(-(-r.num_tokens // self.block_size) for r in self._seqs.values())
+        if self._table_blocks != entries:
+            raise AssertionError(f"table block count {self._table_blocks} != the tables' {entries} entries")
