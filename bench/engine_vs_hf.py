@@ -111,14 +111,16 @@ def run_engine(loaded, prompts: list[list[int]], output_lens: list[int]) -> dict
 def run_hf(hf, prompts: list[list[int]], output_lens: list[int]) -> dict:
     ids = torch.tensor(prompts)
     tokens: list[list[int]] = []
-    kw = dict(do_sample=False, pad_token_id=0)
+    # transformers' ignore_eos: no EOS id, so nothing stops and EOS is picked like any token. Not
+    # ``min_new_tokens``, which keeps going by forbidding EOS: greedy then picks another token where EOS wins
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
-        hf.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=2, min_new_tokens=2,
-                    **kw)  # warm-up
+        hf.generate(ids[:2], attention_mask=torch.ones_like(ids[:2]), max_new_tokens=2, **kw)  # warm-up
         t = time.perf_counter()
         for lo, hi, n in static_batches(output_lens, BATCH):
-            out = hf.generate(ids[lo:hi], attention_mask=torch.ones_like(ids[lo:hi]), max_new_tokens=n,
-                              min_new_tokens=n, **kw)
+            out = hf.generate(ids[lo:hi], attention_mask=torch.ones_like(ids[lo:hi]), max_new_tokens=n, **kw)
+            if out.shape[1] != ids.shape[1] + n:
+                raise RuntimeError(f"transformers generated {out.shape[1] - ids.shape[1]} tokens, not {n}")
             tokens += out[:, ids.shape[1]:].tolist()
         wall_s = time.perf_counter() - t
     asked = [row[:o] for row, o in zip(tokens, output_lens)]  # padding steps generate tokens nobody asked for
