@@ -8,7 +8,7 @@ sequences, which carry these parameters, import no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedbench.refengine.errors import InvalidArgumentError
 
@@ -35,6 +35,9 @@ class SamplingParams:
     seed: int | None = None  # child i uses seed + i; None derives one from the engine's seed
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a sequence (included in its output)
     ignore_eos: bool = False  # do not stop at the model's EOS token(s)
+    # temperature == 0: argmax, no draw. Derived, not an argument; an attribute rather than a property
+    # because the sampler reads it for every sequence of every step
+    greedy: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -61,10 +64,7 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", stop)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgumentError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+        object.__setattr__(self, "greedy", self.temperature == 0)
 
 
 def derive_seed(engine_seed: int, request_id: int) -> int:

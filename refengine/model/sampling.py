@@ -66,7 +66,7 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
         raise InvalidArgumentError(
             f"logits must be [R, vocab_size] with one params and one generator per row; got shape "
             f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
-    if all(p.greedy for p in {id(p): p for p in params}.values()):  # the commonest step: one argmax
+    if all(p.greedy for p in params):  # the commonest step: one argmax
         return greedy_tokens(logits)
     is_greedy = [p.greedy for p in params]
     tokens = [0] * len(params)
