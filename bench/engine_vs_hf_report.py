@@ -27,8 +27,7 @@ def markdown(doc: dict) -> str:
         f"(`max_num_seqs` = {cfg['batch']}); transformers serves static batches of {cfg['batch']}, each "
         "generating up to its longest request (padding steps count as time, not tokens). Engine and "
         "transformers runs alternate; the best run of each side counts (runs per case below). The machine "
-        "was shared with other "
-        "jobs: only the ratios, measured side by side, mean anything.", "",
+        "was shared with other jobs: only the ratios, measured side by side, mean anything.", "",
         "| case | model | requests x prompt / mean output | engine tok/s | transformers tok/s | ratio | goal "
         "| verdict | engine host share of step |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -167,7 +167,7 @@ def _key_slots(tables: np.ndarray, seq_lens: np.ndarray, key_valid: np.ndarray, 
     if tables.shape[1] < blocks_used:
         if seq_lens.max() > 0:  # the launchers' checks name this; unchecked, it must still not read wild
             raise KernelInputError(f"block tables of {tables.shape[1]} blocks cannot hold {max_len} keys "
-                                       f"of {block_size} per block")
+                                   f"of {block_size} per block")
         return np.zeros((num_seqs, max_len), dtype=np.int64)  # no sequence has a key
     # every slot of the first blocks_used blocks, block by block, then cut to L
     block_starts = tables[:, :blocks_used].astype(np.int64) * block_size

@@ -309,3 +309,24 @@ def test_stats_after_generate(loaded):
     s = llm.stats
     assert s.prefix_hit_tokens == 8 and s.prefix_hit_rate == pytest.approx(8 / 27)
     assert 0 < s.mean_kv_utilisation < 1
+
+
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_stats_table_and_used_blocks_follow_every_step(loaded, allocator):
+    """The mean table entries and used blocks equal, step by step, a pass over the running sequences'
+    tables: forked children share the prompt's blocks (entries counted per table, blocks once)."""
+    paged = allocator == "paged"
+    llm = LLM(loaded, block_size=4, num_blocks=48, allocator=allocator, check_invariants=True)
+    params = SamplingParams(n=3 if paged else 1, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    for i, n in enumerate((9, 5, 13)):
+        llm.core.add(llm.core.new_request(rand_prompt(n, 10 + i), params))
+    tables, used = [], []
+    while llm.scheduler.has_unfinished():
+        llm.step()
+        tables.append(sum(-(-s.num_table_tokens // 4) for s in llm.scheduler.running))
+        used.append(min(llm.block_manager.num_used_blocks, tables[-1]))
+    s = llm.stats
+    assert s.num_steps == len(tables)
+    assert s.mean_table_blocks == pytest.approx(sum(tables) / len(tables))
+    assert s.mean_used_blocks == pytest.approx(sum(used) / len(used))
+    assert (s.sharing_saving > 0) == paged
