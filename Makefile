@@ -19,6 +19,8 @@ endif
 STAMP := $(VENV)/.pagedbench-installed
 IMPL ?= triton
 PYTEST_FLAGS ?=
+# pytest-xdist workers for `make test` / `make test-full` (one per core; TEST_WORKERS=0 runs in one process)
+TEST_WORKERS ?= auto
 
 .PHONY: peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
@@ -37,13 +39,13 @@ endif
 	touch $@
 
 ## The CI gate: the conformance suite (block manager, kernels under Triton's interpreter on a CPU,
-## engine) and the mutation check. The fuller grids are behind the `slow` marker (`make test-full`).
-# Tiny shapes: one torch thread per process avoids oversubscribing small machines.
+## engine) and the mutation check, spread over the cores. The fuller grids are behind `slow` (`make test-full`).
+# Tiny shapes: one torch thread per worker avoids oversubscribing small machines.
 test: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not slow and not gpu and not micro and not model" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not gpu and not micro and not model" $(PYTEST_FLAGS)
 
 test-full: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m "not gpu and not micro" $(PYTEST_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu and not micro" $(PYTEST_FLAGS)
 
 test-gpu: install
 	$(PY) -m pytest -q -m "not micro" $(PYTEST_FLAGS)

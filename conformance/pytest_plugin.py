@@ -122,20 +122,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    # The mutation check's kill table, when test_mutants ran.
+def _kill_rows() -> list[tuple]:
+    """This process's rows of the mutation check's kill table, when test_mutants ran here."""
     import sys
 
     modules = [m for name, m in list(sys.modules.items()) if name.rpartition(".")[2] == "test_mutants"]
-    rows = next((m.KILL_TABLE for m in modules if getattr(m, "KILL_TABLE", None)), None)
+    rows = next((m.KILL_TABLE for m in modules if getattr(m, "KILL_TABLE", None)), None) or []
+    return [(r.mutant, r.killed, r.first_failure, r.seconds) for r in rows]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Under pytest-xdist the mutants run in worker processes: each hands its rows to the controller,
+    # which prints one table (pytest_testnodedown collects them).
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["pagedbench_kill_rows"] = _kill_rows()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    rows = getattr(node, "workeroutput", {}).get("pagedbench_kill_rows", [])
+    node.config.stash.setdefault(_WORKER_KILL_ROWS, []).extend(tuple(r) for r in rows)
+
+
+_WORKER_KILL_ROWS = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # The mutation check's kill table, when test_mutants ran (here or in xdist workers).
+    rows = sorted(_kill_rows() + config.stash.get(_WORKER_KILL_ROWS, []))
     if not rows:
         return
     from tabulate import tabulate
 
-    killed = sum(r.killed for r in rows)
+    killed = sum(bool(r[1]) for r in rows)
     terminalreporter.write_sep("=", f"mutation check: {killed} of {len(rows)} mutants killed")
-    table = [(r.mutant, "killed" if r.killed else "SURVIVED", r.first_failure or "-", f"{r.seconds:.1f}")
-             for r in rows]
+    table = [(mutant, "killed" if ok else "SURVIVED", first or "-", f"{seconds:.1f}")
+             for mutant, ok, first, seconds in rows]
     terminalreporter.write_line(tabulate(table, headers=("mutant", "verdict", "first failing test", "s")))
 
 
