@@ -50,15 +50,15 @@ test-full: install
 test-gpu: install
 	$(PY) -m pytest -q -m "not micro" $(PYTEST_FLAGS)
 
-## The conformance gate for one implementation: JUnit XML + JSON summary under results/conformance/.
+## The conformance gate for one implementation: JUnit XML + JSON summary in a new conformance-results/IMPL-TIME/.
 conformance: install
 	$(PY) -m pagedbench.conformance --impl $(IMPL) $(if $(STRICT),--strict-validation)
 
 ## Regenerate the published gate results for every built-in implementation (flex is expected to fail).
 conformance-results: install
-	$(PY) -m pagedbench.conformance --impl triton
-	$(PY) -m pagedbench.conformance --impl torch
-	-$(PY) -m pagedbench.conformance --impl flex
+	$(PY) -m pagedbench.conformance --impl triton --out results/conformance
+	$(PY) -m pagedbench.conformance --impl torch --out results/conformance
+	-$(PY) -m pagedbench.conformance --impl flex --out results/conformance
 
 ## Compile every kernel for sm_90 without a GPU and report register spills.
 kernels-compile-check: install
@@ -123,12 +123,12 @@ MATRIX_NOTE ?= int64 offsets: test_kv_heads_past_2_31_elements gives the cache a
 MATRIX_ARGS ?=
 MATRIX_NOTE ?=
 conformance-matrix: install
-	for impl in $(MATRIX_OURS); do rm -f results/conformance/$$impl.json; OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl $(MATRIX_ARGS) || true; done
+	for impl in $(MATRIX_OURS); do rm -f results/conformance/$$impl.json; OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl --out results/conformance $(MATRIX_ARGS) || true; done
 	if [ -x $(PEERS_VENV)/bin/python ]; then \
 	  for peer in $(MATRIX_PEERS); do \
 	    rm -f results/conformance/$${peer%%:*}.json; \
 	    OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PEERS_VENV)/bin/python -m pagedbench.conformance --impl $${peer%%:*} \
-	      --load pagedbench.conformance.peers.$${peer##*:} $(MATRIX_ARGS) || true; \
+	      --load pagedbench.conformance.peers.$${peer##*:} --out results/conformance $(MATRIX_ARGS) || true; \
 	  done; \
 	  $(PEERS_VENV)/bin/python -m pagedbench.conformance.peers.findings --out results/conformance/findings.md; \
 	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \

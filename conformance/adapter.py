@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from pagedbench.conformance.capabilities import Capabilities
 
-__all__ = ["Capabilities", "Implementation", "NotSupported", "available", "expected_to_pass", "get", "register"]
+__all__ = ["Capabilities", "Implementation", "NotSupported", "available", "expected_to_pass", "get", "listed",
+           "register"]
 
 
 class NotSupported(Exception):
@@ -51,6 +52,9 @@ class Implementation:
     capabilities: Capabilities = Capabilities()
     #: False for deliberately broken implementations (the mutation check)
     expected_to_pass: bool = True
+    #: False for the mutation check's own implementations: `--help` and "unknown implementation" do not
+    #: offer them to a user (they still run when named)
+    listed: bool = True
 
     def describe(self) -> dict[str, object]:
         """What the gate records about where this implementation runs (override to add more)."""
@@ -102,8 +106,15 @@ def register(name: str):
 
 
 def available() -> list[str]:
+    """Every registered name, the mutation check's included."""
     _load_builtin()
     return sorted(_REGISTRY)
+
+
+def listed() -> list[str]:
+    """The names offered to a user: every registered one but the mutation check's own."""
+    _load_builtin()
+    return sorted(n for n, factory in _REGISTRY.items() if getattr(factory, "listed", True))
 
 
 def expected_to_pass(name: str) -> bool:
@@ -118,7 +129,7 @@ def get(name: str) -> Implementation:
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(listed())}") from None
     impl = factory()
     impl.name = name
     return impl

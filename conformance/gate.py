@@ -1,8 +1,18 @@
 """The conformance gate: run the suite against one implementation, write a JSON summary + JUnit XML.
 
 ``python -m pagedbench.conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]
-[--timeout S] [--strict-validation]`` (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter``
+[--timeout S] [--strict-validation] [-v]`` (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter``
 imports a module that registers another project's implementation (``@conformance.adapter.register``).
+``--out`` defaults to a new ``conformance-results/NAME-TIME/`` folder under the working directory.
+
+Preflight: before any case runs, one worker imports every ``--load``, builds the implementation and makes
+a tensor on its device. A module that does not import or an implementation that cannot be built stops the
+run with exit status 2; so does a device this machine lacks (an *environment error*: a CUDA adapter on a
+CPU box), said once rather than as every case failing. Nothing is written then.
+
+Output: a line per suite module, a line per failing case (its id, the property its test checks, and the
+measured error against its bound), the counts with numerics, block accounting, validation and the
+capabilities apart, and a closing list of the failing cases. ``-v`` adds the workers' pytest output.
 
 Isolation: every suite module runs in a worker subprocess (``conformance.worker``) that streams each
 case's outcome to a file as it is known. When a worker dies (a signal such as SIGSEGV/SIGABRT, an exit
@@ -47,7 +57,6 @@ from pagedbench.conformance import outcomes, report_files
 from pagedbench.conformance.gate_environment import environment
 
 SCHEMA_VERSION = 2
-DEFAULT_OUT = Path("results/conformance")
 #: the shipped suite: every test in it takes an implementation
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 #: what the suite needs whichever project's pytest configuration is in force where the gate runs
@@ -65,6 +74,7 @@ class ModuleRun:
     cases: dict[str, dict] = field(default_factory=dict)  # nodeid -> entry
     implementation: dict | None = None  # the worker's "implementation" event
     unknown: list[str] | None = None  # the known names, when the implementation was not found
+    preflight: tuple[str, str] | None = None  # ("preflight_error" | "environment_error", message)
 
 
 def pytest_args(*, keyword: str | None, cases: list[str], full: bool) -> list[str]:
@@ -103,6 +113,8 @@ def _read_events(report: Path, run: ModuleRun) -> tuple[list[str] | None, bool]:
             run.implementation = run.implementation or event
         elif kind == "unknown_implementation":
             run.unknown = event["known"]
+        elif kind in ("preflight_error", "environment_error"):
+            run.preflight = (kind, event["message"])
         elif kind == "finished":
             finished = True
     return collected, finished
@@ -146,10 +158,11 @@ def _wait(proc: subprocess.Popen, report: Path, timeout_s: float) -> tuple[int |
 
 
 def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list[str], options: list[str],
-                timeout_s: float, run: ModuleRun, only: list[str] | None = None):
+                timeout_s: float, run: ModuleRun, only: list[str] | None = None, *, verbose: bool = False):
     """One worker over ``targets``; returns (collected nodeids or None, finished?, returncode or None on
-    timeout, how it died as the gate words it (meaningless when it finished), the tail of its stderr)."""
-    report, only_file, stderr_path = (tmp / f"{name}.{s}" for s in ("jsonl", "only", "err"))
+    timeout, how it died as the gate words it (meaningless when it finished), the tail of its stderr).
+    The worker's own pytest output (tracebacks included) is echoed only when ``verbose``."""
+    report, only_file, stdout_path, stderr_path = (tmp / f"{name}.{s}" for s in ("jsonl", "only", "out", "err"))
     cmd = [sys.executable, "-m", "pagedbench.conformance.worker", "--impl", impl, "--report", str(report)]
     for m in loads:
         cmd += ["--load", m]
@@ -157,34 +170,40 @@ def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list
         only_file.write_text(json.dumps(only))
         cmd += ["--only", str(only_file)]
     cmd += ["--", *targets, *options]
-    with stderr_path.open("w") as err:
-        returncode, limit = _wait(subprocess.Popen(cmd, stderr=err), report, timeout_s)
+    with stdout_path.open("w") as out, stderr_path.open("w") as err:
+        returncode, limit = _wait(subprocess.Popen(cmd, stdout=out, stderr=err), report, timeout_s)
     stderr = stderr_path.read_text(errors="replace")
-    sys.stderr.write(stderr[-4000:])
+    if verbose:
+        sys.stdout.write(stdout_path.read_text(errors="replace"))
+        sys.stderr.write(stderr[-4000:])
     collected, finished = _read_events(report, run)
     return collected, finished, returncode, _death(returncode, limit), stderr[-1500:]
 
 
-def collect(impl: str, loads: list[str], options: list[str], timeout_s: float, run: ModuleRun) -> list[str]:
-    """The selected cases of the whole suite (one collect-only worker), in run order."""
+def collect(impl: str, loads: list[str], options: list[str], timeout_s: float, run: ModuleRun, *,
+            verbose: bool = False) -> list[str]:
+    """The selected cases of the whole suite (one collect-only worker), in run order. This worker is also
+    the preflight: it imports every ``--load``, builds the implementation and tries its device, so a typo
+    or a missing GPU ends the run here (``run.preflight``) before any case."""
     with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
         collected, _finished, _returncode, death, tail = _run_worker(
-            Path(tmp), "collect", impl, loads, [str(SUITE_DIR)], [*options, "--collect-only"], timeout_s, run)
-    if run.unknown is None and collected is None:
+            Path(tmp), "collect", impl, loads, [str(SUITE_DIR)], [*options, "--collect-only"], timeout_s, run,
+            verbose=verbose)
+    if run.unknown is None and run.preflight is None and collected is None:
         run.cases[str(SUITE_DIR)] = {"outcome": "crashed", "category": "numerics",
                                      "message": f"worker {death} while collecting\n{tail}"}
     return collected or []
 
 
 def run_module(module: Path, impl: str, loads: list[str], options: list[str], timeout_s: float,
-               run: ModuleRun) -> None:
+               run: ModuleRun, *, verbose: bool = False) -> None:
     """Run one suite module in workers until every selected case has an outcome."""
     only: list[str] | None = None
     category = outcomes.MODULE_CATEGORY.get(module.name, "numerics")
     with tempfile.TemporaryDirectory(prefix="pagedbench-gate-") as tmp:
         for attempt in range(MAX_RESUMES + 1):
             collected, finished, returncode, death, tail = _run_worker(
-                Path(tmp), str(attempt), impl, loads, [str(module)], options, timeout_s, run, only)
+                Path(tmp), str(attempt), impl, loads, [str(module)], options, timeout_s, run, only, verbose=verbose)
             if run.unknown is not None or (finished and returncode is not None and returncode >= 0):
                 return
             if collected is None:  # died before its cases were known: the module stands for them
@@ -229,12 +248,71 @@ def summarize(impl: str, run: ModuleRun, *, strict_validation: bool, options: li
             "counts": counts, "counts_by_category": by_category, "validation": verdicts, "cases": cases}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance", description=__doc__.split("\n")[0])
+def default_out(impl: str, now: float | None = None) -> Path:
+    """A fresh folder per run under the working directory: a run never overwrites the published
+    ``results/conformance`` unless asked to with ``--out`` (the Makefile's targets ask)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return Path("conformance-results") / f"{impl}-{stamp}"
+
+
+def failing_line(nodeid: str, entry: dict) -> str:
+    """One line for a failing case: outcome, case id, the property its test checks, and what was
+    measured against its bound (the first line of the check's message)."""
+    path, _, name = nodeid.partition("::")
+    test, _, case = name.partition("[")
+    prop = test.removeprefix("test_") or Path(path).stem
+    detail = (entry.get("message") or "").strip().splitlines()
+    detail = detail[0] if detail else ""
+    for prefix in ("AssertionError: ", "Failed: "):
+        detail = detail.removeprefix(prefix)
+    context, sep, rest = detail.partition(": ")
+    if sep and context in case:  # the checks start their messages with the case id, already shown
+        detail = rest
+    if len(detail) > 200:
+        detail = detail[:197] + "..."
+    return f"  {entry['outcome'].upper():<8} {Path(path).name}::{name}\n           {prop}: {detail or '(no message)'}"
+
+
+def headline(impl: str, summary: dict) -> str:
+    """The run's counts with numerics, block accounting, validation and capabilities apart, so a pass
+    count never mixes argument checks with results."""
+    parts = []
+    for category in ("numerics", "block-manager"):
+        counts = summary["counts_by_category"].get(category, {})
+        shown = ", ".join(f"{v} {k}" for k, v in counts.items() if v and k != "not supported")
+        if shown:
+            parts.append(f"{category} {shown}")
+    verdicts = ", ".join(f"{v} {k}" for k, v in summary["validation"].items() if v)
+    if verdicts:
+        parts.append(f"validation {verdicts}")
+    unsupported = summary["counts"]["not supported"]
+    if unsupported:
+        parts.append(f"{unsupported} not supported (declared capabilities)")
+    return f"conformance gate [{impl}]: " + ("; ".join(parts) or "no case")
+
+
+def _nothing_passed_reason(summary: dict) -> str:
+    counts = summary["counts"]
+    if not summary["cases"]:
+        return "no case selected (check -k and --case)"
+    if counts["not supported"] + counts["skipped"] == len(summary["cases"]):
+        return "every selected case is outside what the implementation supports"
+    return "no selected case passed"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from pagedbench.conformance import adapter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedbench.conformance", description=__doc__.split("\n")[0],
+        epilog="implementations: " + ", ".join(adapter.listed())
+        + " (another project's: --load the module that registers it). Exit status: 0 passed, 1 failed, "
+          "2 could not run (bad arguments, a --load that does not import, a device this machine lacks).")
     parser.add_argument("--impl", required=True, help="the registered implementation to check")
     parser.add_argument("--load", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers implementations); repeatable")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: a new conformance-results/IMPL-TIME/ here)")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression selecting tests")
     parser.add_argument("--case", action="append", default=[],
                         help="only tests whose id contains this text, e.g. 'bs=16,ctx=97' (repeatable)")
@@ -244,33 +322,64 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--strict-validation", action="store_true",
                         help="fail the gate on validation findings too (accepts invalid input, ...)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also print the workers' pytest output (tracebacks) and full messages")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     options = pytest_args(keyword=args.keyword, cases=args.case, full=args.full)
     run = ModuleRun()
-    selected = collect(args.impl, args.load, options, args.timeout, run)
+    selected = collect(args.impl, args.load, options, args.timeout, run, verbose=args.verbose)
     if run.unknown is not None:
         parser.error(f"unknown implementation {args.impl!r}; known: {', '.join(run.unknown)}")
+    if run.preflight is not None:
+        kind, message = run.preflight
+        what = "environment error" if kind == "environment_error" else "cannot start"
+        print(f"conformance gate [{args.impl}]: {what}: {message}; nothing was run or written", file=sys.stderr)
+        return 2
     # one worker per module that has selected cases, in the suite's order
     for name in dict.fromkeys(Path(n.partition("::")[0]).name for n in selected if "::" in n):
-        run_module(SUITE_DIR / name, args.impl, args.load, options, args.timeout, run)
+        before = set(run.cases)
+        run_module(SUITE_DIR / name, args.impl, args.load, options, args.timeout, run, verbose=args.verbose)
+        _print_module(name, {n: e for n, e in run.cases.items() if n not in before}, args)
     summary = summarize(args.impl, run, strict_validation=args.strict_validation, options=options)
-    json_path, junit_path = args.out / f"{args.impl}.json", args.out / f"{args.impl}.junit.xml"
+    out = args.out if args.out is not None else default_out(args.impl)
+    json_path, junit_path = out / f"{args.impl}.json", out / f"{args.impl}.junit.xml"
     report_files.write_json(json_path, summary)
     report_files.write_atomically(
         junit_path, report_files.junit_xml(args.impl, run.cases, failing=set(summary["failing_cases"])))
-    counts = {k: v for k, v in summary["counts"].items() if v}
-    print(f"conformance gate [{args.impl}]: " + (", ".join(f"{v} {k}" for k, v in counts.items()) or "no case"))
+    print(headline(args.impl, summary))
     findings = {k: v for k, v in summary["validation"].items() if v and k in outcomes.VALIDATION_FINDINGS}
-    if findings:
-        print(f"conformance gate [{args.impl}]: validation findings: "
-              + ", ".join(f"{v} {k}" for k, v in findings.items())
-              + ("" if args.strict_validation else " (reported; --strict-validation fails on them)"))
+    if findings and not args.strict_validation:
+        print(f"conformance gate [{args.impl}]: validation findings are reported, not failing "
+              "(--strict-validation fails on them)")
+    if summary["failing_cases"]:
+        print(f"failing cases ({len(summary['failing_cases'])}):")
+        for nodeid in summary["failing_cases"]:
+            print(f"  {nodeid}")
     print(f"wrote {junit_path} and {json_path}")
     if summary["counts"]["pass"] == 0:
         # A gate that checked nothing must not look green (a typo in -k/--case, or nothing supported).
-        print(f"conformance gate [{args.impl}]: no test passed (none selected, or none supported): failing")
+        print(f"conformance gate [{args.impl}]: FAILED: {_nothing_passed_reason(summary)}")
         return 1
+    print(f"conformance gate [{args.impl}]: {'PASSED' if summary['gate_passed'] else 'FAILED'}")
     return 0 if summary["gate_passed"] else 1
+
+
+def _print_module(name: str, cases: dict[str, dict], args: argparse.Namespace) -> None:
+    """One line for a suite module, then one per failing case (full messages with -v)."""
+    tally: dict[str, int] = {}
+    for entry in cases.values():
+        tally[entry["outcome"]] = tally.get(entry["outcome"], 0) + 1
+    print(f"{name}: " + (", ".join(f"{v} {k}" for k, v in tally.items()) or "no case"), flush=True)
+    for nodeid, entry in cases.items():
+        if outcomes.fails_gate(entry, strict_validation=args.strict_validation):
+            print(failing_line(nodeid, entry))
+            if args.verbose and entry.get("message"):
+                print("           " + entry["message"].replace("\n", "\n           "))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ class ControlImplementation(Implementation):
 
     #: which part of the suite can see this implementation's fault ("numerics" or "block_manager")
     breaks = "numerics"
+    #: the mutation check's own: not offered to users
+    listed = False
 
     # --- the hooks the mutants override --------------------------------------------------------------
     def _num_keys(self, seq_len: int) -> int:

@@ -1,7 +1,9 @@
 """The gate's result files, written atomically: the JSON summary and a JUnit XML of the same cases.
 
 Every file goes to a temporary name in its folder, is flushed and fsync'ed, then ``os.replace``d over
-the final name: a gate killed mid-write leaves the previous file (or none), never a truncated one.
+the final name: a gate killed mid-write leaves the previous file (or none), never a truncated one. The
+file gets the mode a plain ``open()`` would give it (0644 under the usual umask), not ``mkstemp``'s 0600,
+so results stay readable to everyone who can read the folder.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+# read once, at import: os.umask can only be read by setting it
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+#: what open() would create a new file with
+FILE_MODE = 0o666 & ~_UMASK
+
 
 def replace_atomically(path: Path, write) -> None:
     """``write(tmp_path)`` fills a temporary file beside ``path``, which is fsync'ed and renamed over it
@@ -21,6 +29,7 @@ def replace_atomically(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, FILE_MODE)
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

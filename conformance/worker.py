@@ -5,6 +5,7 @@
 lines, each flushed as soon as it is known, so whatever this process manages to say before it dies
 (a segfault, ``os.abort()``, a timeout) reaches the gate::
 
+    {"event": "preflight_error" | "environment_error", "message": ...}   (and nothing more)
     {"event": "implementation", "name": ..., "capabilities": {...}, "describe": {...}}
     {"event": "collected", "nodeids": [...]}              (the selected cases, in run order)
     {"event": "case", "nodeid": ..., "entry": {...}}      (per failing phase, and per call)
@@ -81,6 +82,22 @@ def _message(report: pytest.TestReport) -> str:
     return (crash.message if crash is not None else str(report.longrepr))[:2000]
 
 
+#: the worker's exit status when it stopped before running any case (see the preflight events)
+PREFLIGHT_STATUS = 2
+
+
+def device_problem(device) -> str | None:
+    """Why tensors cannot be made on ``device`` here (None: they can). An adapter built for CUDA on a
+    machine without one is an environment error, not a failure of every case."""
+    import torch
+
+    try:
+        torch.empty(1, device=device)
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+    return None
+
+
 def _no_core_dumps() -> None:
     try:
         import resource
@@ -105,11 +122,26 @@ def main(argv: list[str] | None = None) -> int:
     from pagedbench.conformance import adapter
 
     for module in args.load:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # a typo or a broken adapter module: said once, before any case runs
+            reporter.event({"event": "preflight_error",
+                            "message": f"--load {module}: cannot import it: {type(e).__name__}: {e}"})
+            return PREFLIGHT_STATUS
     if args.impl not in adapter.available():
-        reporter.event({"event": "unknown_implementation", "known": adapter.available()})
+        reporter.event({"event": "unknown_implementation", "known": adapter.listed()})
         return 4
-    impl = adapter.get(args.impl)
+    try:
+        impl = adapter.get(args.impl)
+    except Exception as e:
+        reporter.event({"event": "preflight_error",
+                        "message": f"cannot construct {args.impl!r}: {type(e).__name__}: {e}"})
+        return PREFLIGHT_STATUS
+    problem = device_problem(impl.device)
+    if problem is not None:
+        reporter.event({"event": "environment_error", "message": f"{args.impl!r} runs on {impl.device}, "
+                        f"which this machine does not have ({problem})"})
+        return PREFLIGHT_STATUS
     reporter.event({"event": "implementation", "name": args.impl,
                     "capabilities": impl.capabilities.as_record(), "describe": impl.describe()})
     pytest_args = [a for a in args.pytest_args if a != "--"] + ["--impl", args.impl]

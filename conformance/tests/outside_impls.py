@@ -6,7 +6,9 @@ Pure torch, written here (nothing from ``pagedbench.kernels``), as another proje
 * ``outside-aborts`` -- its decode calls ``os.abort()`` (a crash in native code, as a segfault);
 * ``outside-hangs``  -- its ``write_kv`` never returns;
 * ``outside-sloppy`` -- correct on valid input, but its decode accepts a batch whose sequence count
-  does not match (returns zeros), and its ``write_kv`` writes the cache before it raises on bad shapes.
+  does not match (returns zeros), and its ``write_kv`` writes the cache before it raises on bad shapes;
+* ``outside-cuda``   -- ``outside-nolse`` built for a CUDA device;
+* ``outside-broken-init`` -- its constructor raises.
 
 With ``PAGEDBENCH_TEST_MODULES_FILE`` set, every process that imports this module appends, at exit, one
 JSON line to that file: the names in ``sys.modules`` that start with ``pagedbench.kernels`` or
@@ -98,3 +100,18 @@ class Hangs(NoLse):
     def write_kv(self, *args, **kwargs):
         while True:
             time.sleep(1)
+
+
+@register("outside-cuda")
+class OnCuda(NoLse):
+    """Built for a GPU: on a machine without one, the gate must say so once (an environment error)."""
+
+    device = torch.device("cuda")
+
+
+@register("outside-broken-init")
+class BrokenInit(NoLse):
+    """Its constructor raises (a missing library, say): the gate must stop before any case."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("libmykernels.so: cannot open shared object file")

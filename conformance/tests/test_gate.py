@@ -38,4 +38,4 @@ def test_gate_reports_pass_and_fail(tmp_path, name, status, outcome):
 def test_gate_fails_when_nothing_ran(tmp_path):
     run = gate(tmp_path, "--impl", "torch", "--case", "no-such-case-id")
     assert run.returncode == 1
-    assert "no test passed" in run.stdout
+    assert "FAILED: no case selected (check -k and --case)" in run.stdout
