@@ -11,6 +11,9 @@
    B's rounds with A's: a ratio beyond the noise band (the larger relative spread, max - min over median,
    of either side's own rounds; at least ``--min-band``) is a regression (exit status 1) or an
    improvement. No figure from any other run is used.
+5. states, per benchmark and for the run, the smallest change it could have detected (the band), and
+   calls a benchmark "too noisy to judge" when its ratio is inside a band wider than ``--max-band``: on a
+   loaded machine the rounds' spread can reach ±40-80%, and "same" would then claim more than was measured.
 
 Both sides run the same benchmark code (this tree's), so only the implementation differs; a benchmark
 whose set-up the base cannot run is reported, not compared.
@@ -43,7 +46,7 @@ class Verdict:
     b_median_s: float | None  # None: it did not run on B
     ratio: float | None  # B / A: above 1 is slower
     band: float | None  # relative noise band: |ratio - 1| within it is "same"
-    verdict: str  # "regressed", "improved", "same", "only on B", "missing on B"
+    verdict: str  # "regressed", "improved", "same", "too noisy to judge", "only on B", "missing on B"
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -51,8 +54,10 @@ def spread(samples: Sequence[float]) -> float:
     return (max(samples) - min(samples)) / statistics.median(samples)
 
 
-def judge(name: str, a: Sequence[float], b: Sequence[float], *, min_band: float = 0.05) -> Verdict:
-    """Compare one benchmark's per-round times (seconds) on A (base) and B (this tree)."""
+def judge(name: str, a: Sequence[float], b: Sequence[float], *, min_band: float = 0.05,
+          max_band: float = 0.2) -> Verdict:
+    """Compare one benchmark's per-round times (seconds) on A (base) and B (this tree). A ratio inside a
+    band wider than ``max_band`` is "too noisy to judge", not "same"."""
     if not b:
         return Verdict(name, statistics.median(a) if a else None, None, None, None, "missing on B")
     if not a:
@@ -64,14 +69,32 @@ def judge(name: str, a: Sequence[float], b: Sequence[float], *, min_band: float 
         verdict = "regressed"
     elif ratio < 1 / (1 + band):
         verdict = "improved"
+    elif band > max_band:
+        verdict = "too noisy to judge"
     else:
         verdict = "same"
     return Verdict(name, a_med, b_med, ratio, band, verdict)
 
 
 def judge_all(a: Mapping[str, Sequence[float]], b: Mapping[str, Sequence[float]], *,
-              min_band: float = 0.05) -> list[Verdict]:
-    return [judge(n, a.get(n, ()), b.get(n, ()), min_band=min_band) for n in sorted(set(a) | set(b))]
+              min_band: float = 0.05, max_band: float = 0.2) -> list[Verdict]:
+    return [judge(n, a.get(n, ()), b.get(n, ()), min_band=min_band, max_band=max_band)
+            for n in sorted(set(a) | set(b))]
+
+
+def detectable(verdicts: Sequence[Verdict], max_band: float) -> str:
+    """What this run could have seen: the smallest and the median band over the compared benchmarks, and
+    how many were too noisy to judge."""
+    bands = sorted(v.band for v in verdicts if v.band is not None)
+    if not bands:
+        return "no benchmark ran on both sides: nothing could be detected"
+    noisy = sum(v.verdict == "too noisy to judge" for v in verdicts)
+    line = (f"smallest change this run could detect: ±{bands[0]:.1%} (best benchmark), "
+            f"±{statistics.median(bands):.1%} (median over {len(bands)})")
+    if noisy:
+        line += (f"; {noisy} benchmark(s) too noisy to judge (band above ±{max_band:.0%}): rerun on a quieter "
+                 "machine or with more --rounds")
+    return line
 
 
 def failed(verdicts: Sequence[Verdict]) -> bool:
@@ -92,8 +115,9 @@ def table(verdicts: Sequence[Verdict]) -> str:
 
     rows = [[v.name, us(v.a_median_s), us(v.b_median_s), "-" if v.ratio is None else f"{v.ratio:.3f}",
              "-" if v.band is None else f"±{v.band:.1%}", v.verdict] for v in verdicts]
-    return tabulate(rows, headers=["benchmark", "A median (µs)", "B median (µs)", "B/A", "noise band", "verdict"],
-                    colalign=("left", "right", "right", "right", "right", "left"), disable_numparse=True)
+    headers = ["benchmark", "A median (µs)", "B median (µs)", "B/A", "detectable (band)", "verdict"]
+    return tabulate(rows, headers=headers, colalign=("left", "right", "right", "right", "right", "left"),
+                    disable_numparse=True)
 
 
 # --- running -----------------------------------------------------------------------------------------
@@ -166,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="A/B rounds (>= 3; default %(default)s)")
     parser.add_argument("--min-band", type=float, default=0.05,
                         help="smallest relative noise band (default %(default)s)")
+    parser.add_argument("--max-band", type=float, default=0.2,
+                        help="widest band a 'same' verdict may rest on; wider is 'too noisy to judge' "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     if args.rounds < 3:
         parser.error(f"--rounds must be >= 3 to measure a spread; got {args.rounds}")
@@ -181,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         a, b = measure(repo, base, args.rounds, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    verdicts = judge_all(a, b, min_band=args.min_band)
+    verdicts = judge_all(a, b, min_band=args.min_band, max_band=args.max_band)
     print(f"A = {args.base} ({base[:12]}), B = this tree ({head[:12]}{', uncommitted changes' if dirty else ''}); "
           f"{args.rounds} interleaved rounds, median over rounds of each round's fastest")
     print(table(verdicts))
+    print(detectable(verdicts, args.max_band))
     bad = failed(verdicts)
     print("FAIL: a benchmark regressed beyond its noise band, or no longer runs" if bad else "OK: no regression")
     return 1 if bad else 0

@@ -31,17 +31,30 @@ def test_verdict_against_a_steady_base(b, verdict):
     assert v.ratio == pytest.approx(b[0] / STEADY[0]) and v.band == pytest.approx(0.05)
 
 
-def test_noisy_base_widens_the_band():
+def test_noisy_base_widens_the_band_and_a_wide_band_is_too_noisy_to_call_same():
     noisy_a = [1.0, 1.4, 0.9, 1.1, 1.0]  # spread (1.4 - 0.9) / 1.0 = 50 %
     v = compare.judge("x", noisy_a, scaled(1.3))
-    assert v.band == pytest.approx(0.5) and v.verdict == "same"
-    assert compare.judge("x", noisy_a, scaled(1.6)).verdict == "regressed"
+    assert v.band == pytest.approx(0.5) and v.verdict == "too noisy to judge"
+    assert compare.judge("x", noisy_a, scaled(1.3), max_band=0.6).verdict == "same"
+    assert compare.judge("x", noisy_a, scaled(1.6)).verdict == "regressed"  # beyond even a wide band
 
 
 def test_noisy_b_widens_the_band_too():
     noisy_b = [1.30, 1.80, 1.20, 1.25, 1.30]  # median 1.3, spread 0.6 / 1.3
     v = compare.judge("x", STEADY, noisy_b)
-    assert v.band == pytest.approx(0.6 / 1.3) and v.verdict == "same"
+    assert v.band == pytest.approx(0.6 / 1.3) and v.verdict == "too noisy to judge"
+
+
+def test_the_run_states_the_smallest_change_it_could_detect():
+    noisy_a = [1.0, 1.4, 0.9, 1.1, 1.0]
+    verdicts = compare.judge_all({"calm": STEADY, "noisy": noisy_a, "gone": STEADY},
+                                 {"calm": STEADY, "noisy": noisy_a})
+    line = compare.detectable(verdicts, 0.2)
+    assert line.startswith("smallest change this run could detect: ±5.0% (best benchmark), "
+                           "±27.5% (median over 2)")
+    assert "1 benchmark(s) too noisy to judge (band above ±20%)" in line
+    assert "too noisy" not in compare.detectable(compare.judge_all({"t": STEADY}, {"t": STEADY}), 0.2)
+    assert "nothing could be detected" in compare.detectable([], 0.2)
 
 
 def test_min_band_is_a_floor():
@@ -71,7 +84,7 @@ def test_rounds_alternate_who_goes_first():
 def test_table_has_every_column():
     text = compare.table(compare.judge_all({"t": STEADY}, {"t": scaled(2.0)}))
     header, _, row = text.splitlines()
-    for column in ("benchmark", "A median (µs)", "B median (µs)", "B/A", "noise band", "verdict"):
+    for column in ("benchmark", "A median (µs)", "B median (µs)", "B/A", "detectable (band)", "verdict"):
         assert column in header
     assert row.split() == ["t", "1,000,000.0", "2,000,000.0", "2.000", "±5.0%", "regressed"]
 
