@@ -67,13 +67,17 @@ class LLM:
     loader's; with a LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
     random weights of a config-built model and the sampling of requests given ``seed=None``.
     ``check_invariants=True`` runs the block manager's invariant check after every step (tests).
+    ``batch_invariant=True``: a request's logits (so its greedy and seeded tokens) are bit-identical
+    whatever else is in the batch and however its prefill is chunked, at a cost (fixed row tiles for
+    every matmul, attention in a fixed order: ``refengine.model.batch_invariance``).
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int | None = None, enable_prefix_caching: bool = True,
                  allocator: str = "paged", attention_backend=None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
-                 max_model_len: int | None = None, check_invariants: bool = False) -> None:
+                 max_model_len: int | None = None, check_invariants: bool = False,
+                 batch_invariant: bool = False) -> None:
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         self.block_size = _positive("block_size", block_size)
@@ -116,7 +120,9 @@ class LLM:
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
             prefix_caching=self.enable_prefix_caching)
         self.check_invariants = bool(check_invariants)
-        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size)
+        self.batch_invariant = bool(batch_invariant)
+        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
+                                      batch_invariant=self.batch_invariant)
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator)
         self._recorder = StatsRecorder()
