@@ -91,3 +91,22 @@ def test_invariant_logits_close_to_default(loaded, prompts):
     fixed = LLM(loaded, block_size=4, num_blocks=256, enable_prefix_caching=False, batch_invariant=True)
     for a, b in zip(logits_by_request(llm, prompts), logits_by_request(fixed, prompts)):
         torch.testing.assert_close(torch.stack(b), torch.stack(a), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.model
+def test_invariant_on_smollm2(request):
+    """The real checkpoint (``make model``): two prompts alone and beside neighbours, budget 16."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("PAGEDBENCH_SMOLLM2")
+                  or request.config.rootpath / "models" / "SmolLM2-135M-Instruct")
+    if not folder.is_dir():
+        pytest.skip(f"not prepared: {folder} does not exist (run `make model`)")
+    smol = load_model(folder, dtype="float32", attention_backend="torch-batched")
+    gen = torch.Generator().manual_seed(5)
+    vocab = smol.config.vocab_size
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (40, 23)]
+    kw = dict(block_size=16, budget=16, num_neighbours=3, vocab=vocab)
+    assert alone_vs_neighbours(smol, prompts, invariant=True, seed=0, **kw) == [True, True]
+    assert not all(alone_vs_neighbours(smol, prompts, invariant=False, seed=0, **kw))
