@@ -190,13 +190,15 @@ def _load_state(model: LlamaModel, state: dict[str, torch.Tensor], sources: dict
                 f"{where(name)}tensor {name!r} has shape {tuple(tensor.shape)}; the config expects "
                 f"{tuple(expected[name].shape)}"
             )
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise CheckpointError(f"{where(name)}tensor {name!r} holds {bad} NaN or Inf values")
     with torch.no_grad():
         for name, tensor in state.items():
             expected[name].copy_(tensor)  # state_dict() entries share storage with the parameters
-            if not bool(torch.isfinite(expected[name]).all()):  # finite in the file, not in the model's dtype
+            # one finiteness check per tensor, after the cast; the file's own values are looked at only
+            # to name the fault (a NaN/Inf stored, or a value the model's dtype cannot hold)
+            if expected[name].is_floating_point() and not bool(torch.isfinite(expected[name]).all()):
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    raise CheckpointError(f"{where(name)}tensor {name!r} holds {bad} NaN or Inf values")
                 raise CheckpointError(f"{where(name)}tensor {name!r} overflows {expected[name].dtype}: "
                                       f"values up to {float(tensor.abs().max()):.3g}")
 
