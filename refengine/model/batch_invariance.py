@@ -17,9 +17,10 @@ What moves a row's results with the batch on a CPU (measured with torch's MKL bu
   BLAS), takes the max over all keys (exact in any order), then adds the exponentials and the weighted
   values key tile by key tile from position 0 (the tiles past a sequence's keys add exact zeros).
 
-Per row, RMSNorm's statistic and the residual adds depend on the row only. What this does not cover:
-more than one torch thread (a parallel elementwise loop splits its range by the total size, which moves
-the tails), and GPUs (CUDA's reductions pick their launch by shape): there the mode is untested.
+Per row, RMSNorm's statistic and the residual adds depend on the row only. Tested on a CPU with one and
+two torch threads. Not covered by an argument: more threads (a parallel elementwise loop splits its range
+by the total size, which could move a tail) and GPUs (CUDA's reductions pick their launch by shape);
+there the mode is untested.
 """
 
 from __future__ import annotations
