@@ -82,7 +82,7 @@ def measure(case: Case) -> dict:
         for invariant in ((False, True) if r % 2 == 0 else (True, False)):  # alternate who goes first
             llm = make(invariant)
             start = time.perf_counter()
-            outs = llm.generate(prompts, params)
+            outs = llm.generate(prompts, params, use_tqdm=False)
             times[invariant].append(time.perf_counter() - start)
             tokens[invariant] = [o.outputs[0].token_ids for o in outs]
     alone = _first_logits(make(True), prompts[:1])
