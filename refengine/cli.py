@@ -140,8 +140,9 @@ def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False).ids}
 
 
-def format_output(i: int, out: RequestOutput) -> str:
-    prompt = repr(out.prompt) if out.prompt is not None else f"ids {out.prompt_token_ids}"
+def format_output(i: int, out: RequestOutput, label: str | None = None) -> str:
+    """``label`` names the prompt in place of its text or ids (a chat prompt: the user's text)."""
+    prompt = label or (repr(out.prompt) if out.prompt is not None else f"ids {out.prompt_token_ids}")
     if out.error is not None:
         return f"[{i}] {prompt}\n    error: {out.error}"
     lines = [f"[{i}] {prompt}"]
@@ -186,8 +187,10 @@ def generate(args: argparse.Namespace) -> int:
           f"prompt(s), up to {args.max_tokens} tokens each", file=sys.stderr, flush=True)
     texts = [chat_prompt(source, llm.tokenizer, p) if args.chat else p for p in args.prompt]
     outs = llm.generate([*texts, *args.prompt_ids], params, use_tqdm=True if sys.stderr.isatty() else None)
+    labels = [f"{p!r} (chat, {len(t['prompt_token_ids'])} tokens)" for p, t in zip(args.prompt, texts)] \
+        if args.chat else []
     for i, out in enumerate(outs):
-        print(format_output(i, out))
+        print(format_output(i, out, labels[i] if i < len(labels) else None))
     print(format_stats(llm.stats))
     return 1 if any(o.error is not None for o in outs) else 0
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
-from pagedbench.refengine.cli import main, named_configs_path
+from pagedbench.refengine.cli import chat_prompt, main, named_configs_path
 
 HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 16,
              "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -70,7 +70,10 @@ def test_text_prompt_uses_the_folders_tokenizer(folder, capsys):
 def test_chat_wraps_the_prompt_in_the_template(folder, capsys):
     assert main(["generate", "--model", str(folder), "--prompt", "hello world", "--chat", "--max-tokens", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "[0] ids [1, 2, 4, 5, 3]"  # BOS USER hello world ASSISTANT
+    assert out[0] == "[0] 'hello world' (chat, 5 tokens)"
+    tokenizer = load_model(str(folder)).tokenizer
+    assert chat_prompt(str(folder), tokenizer, "hello world") == {"prompt_token_ids": [1, 2, 4, 5, 3]}  # BOS USER
+    # hello world ASSISTANT
 
 
 def test_chat_without_a_template_is_an_error(folder, tmp_path, capsys):
@@ -92,7 +95,9 @@ def test_chat_on_the_layout_make_model_writes(folder, tmp_path, capsys):
     (made / "tokenizer_config.json").write_text(json.dumps({"bos_token": "BOS", "eos_token": "[UNK]"}))
     (made / "chat_template.jinja").write_text(TEMPLATE)
     assert main(["generate", "--model", str(made), "--prompt", "hello world", "--chat", "--max-tokens", "2"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "[0] ids [1, 2, 4, 5, 3]"
+    assert capsys.readouterr().out.splitlines()[0] == "[0] 'hello world' (chat, 5 tokens)"
+    tokenizer = load_model(str(made)).tokenizer
+    assert chat_prompt(str(made), tokenizer, "hello world") == {"prompt_token_ids": [1, 2, 4, 5, 3]}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
