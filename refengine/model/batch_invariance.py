@@ -20,7 +20,8 @@ What moves a row's results with the batch on a CPU (measured with torch's MKL bu
 Per row, RMSNorm's statistic and the residual adds depend on the row only. Tested on a CPU with one and
 two torch threads. Not covered by an argument: more threads (a parallel elementwise loop splits its range
 by the total size, which could move a tail) and GPUs (CUDA's reductions pick their launch by shape);
-there the mode is untested.
+there the mode is untested. The sampler's arithmetic over ``[rows, vocab]`` is not padded: with a
+vocabulary that is not a multiple of 32 a seeded draw's probabilities could differ in the last bit.
 """
 
 from __future__ import annotations
