@@ -110,3 +110,16 @@ def test_invariant_on_smollm2(request):
     kw = dict(block_size=16, budget=16, num_neighbours=3, vocab=vocab)
     assert alone_vs_neighbours(smol, prompts, invariant=True, seed=0, **kw) == [True, True]
     assert not all(alone_vs_neighbours(smol, prompts, invariant=False, seed=0, **kw))
+
+
+def test_invariant_with_a_cached_prefix(loaded, prompts):
+    """A prompt whose first blocks come from the prefix cache (written by another request's prefill, in
+    other chunks) gets the logits it gets alone."""
+    prompt = prompts[3]
+    alone = logits_by_request(LLM(loaded, block_size=4, num_blocks=256, enable_prefix_caching=False,
+                                  batch_invariant=True), [prompt])[0]
+    llm = LLM(loaded, block_size=4, num_blocks=256, max_num_batched_tokens=5, batch_invariant=True)
+    logits_by_request(llm, [[*prompt[:22], 1, 2, 3]])  # publishes the first 5 blocks of `prompt`
+    got = logits_by_request(llm, [prompt])[0]
+    assert llm.stats.prefix_hit_tokens == 20
+    assert len(got) == len(alone) and all(torch.equal(a, b) for a, b in zip(got, alone))
