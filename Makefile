@@ -22,8 +22,15 @@ PYTEST_FLAGS ?=
 # pytest-xdist workers for `make test` / `make test-full` (one per core; TEST_WORKERS=0 runs in one process)
 TEST_WORKERS ?= auto
 
-.PHONY: peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: help try peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
+## This list: each target with the first line of the comment above it.
+help:
+	@awk '/^## /{ if (!doc) doc = substr($$0, 4); next } /^#/ || /^[A-Z_]+ *[?:+]?=/{ next } \
+	  /^[a-z][a-z-]*:([^=]|$$)/{ split($$0, t, ":"); printf "  make %-22s %s\n", t[1], doc } { doc = "" }' \
+	  $(MAKEFILE_LIST)
+
+## Make the private .venv (torch CPU build) and install PagedBench into it, with the dev extras.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -44,9 +51,11 @@ endif
 test: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not gpu and not micro and not model" $(PYTEST_FLAGS)
 
+## The CI gate with the slow grids too (no GPU, no micro-benchmarks).
 test-full: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu and not micro" $(PYTEST_FLAGS)
 
+## Every test but the micro-benchmarks, GPU ones included (on a GPU machine).
 test-gpu: install
 	$(PY) -m pytest -q -m "not micro" $(PYTEST_FLAGS)
 
@@ -75,6 +84,12 @@ gpu-check: $(if $(filter yes,$(SYS_TORCH)),,install)
 model: install
 	$(PY) -m pagedbench.bench prepare-model smollm2
 
+## The README's first command: one chat prompt to SmolLM2 (after `make model`), through the installed package.
+PROMPT ?= What is the capital of France?
+try: install
+	$(PY) -m pagedbench.refengine generate --model models/SmolLM2-135M-Instruct --chat --prompt "$(PROMPT)" --max-tokens 32
+
+## The tests that need the real model (after `make model`).
 test-model: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m model $(PYTEST_FLAGS)
 
@@ -88,6 +103,7 @@ mutants: install
 bench: install
 	$(PY) -m pagedbench.bench
 
+## All studies with their larger sweeps (the configs' `full` sections).
 bench-full: install
 	$(PY) -m pagedbench.bench --full
 
@@ -101,12 +117,15 @@ ROUNDS ?= 5
 bench-compare: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) bench/compare.py --base $(BASE) --rounds $(ROUNDS)
 
+## ruff over the repository (and `make format` to format it).
 lint: install
 	$(PY) -m ruff check .
 
+## ruff format over the repository.
 format: install
 	$(PY) -m ruff format .
 
+## Remove the .venv and the caches.
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .benchmarks *.egg-info
 
@@ -151,6 +170,7 @@ SGLANG_VERSION ?= 0.5.3
 PEERS_HOST_COST_DEPS := cachetools cbor2 cloudpickle psutil regex setproctitle pyyaml pyzmq packaging transformers \
 	msgspec aiohttp requests blake3 pillow prometheus_client fastapi openai openai_harmony pybase64 diskcache \
 	py-cpuinfo xxhash
+## The outside implementations' venv (.peers) for the matrix and the host-cost bench.
 peers: $(PEERS_VENV)/.installed
 
 $(PEERS_VENV)/.installed:

@@ -3,7 +3,10 @@
 ``--model`` is a local Hugging Face folder, a YAML model config, or the name of a config in the bench's
 ``configs/models.yaml`` (``tiny``, ``small``...: seeded random weights, nothing to download). A model
 without a tokenizer takes token ids (``--prompt-ids 1,2,3``); ``--chat`` wraps each text prompt in the
-folder's chat template (``tokenizer_config.json``) as one user turn.
+folder's chat template (``chat_template.jinja``, else ``tokenizer_config.json``'s) as one user turn.
+
+Every argument is checked before the model loads (loading a real checkpoint takes seconds), and torch is
+imported only then, so ``--help`` and a mistake answer at once.
 """
 
 from __future__ import annotations
@@ -11,15 +14,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pagedbench.refengine.engine.llm import LLM
-from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.sampling_params import SamplingParams
-from pagedbench.refengine.engine.stats import LLMStats
 from pagedbench.refengine.errors import InvalidArgumentError
-from pagedbench.refengine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from pagedbench.refengine.engine.outputs import RequestOutput
+    from pagedbench.refengine.engine.stats import LLMStats
+
+DESCRIPTION = """\
+Serve a few prompts with the reference engine and print the completions, then the run's stats
+(requests, tokens, elapsed time, input and output tokens/s).
+
+--model is a local Hugging Face folder (e.g. models/SmolLM2-135M-Instruct, which make model builds), a
+model .yaml, or a named random config (tiny, small...: nothing to download; token ids only).
+
+examples:
+  python -m pagedbench.refengine generate --model tiny --prompt-ids 1,2,3
+  python -m pagedbench.refengine generate --model models/SmolLM2-135M-Instruct --chat --prompt "Hi!"
+"""
+
+#: dtype names --dtype takes (the loader's names; checked here so that torch is not imported for --help)
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16", "half", "float")
 
 
 class CLIError(Exception):
@@ -35,7 +55,7 @@ def named_configs_path() -> Path | None:
     return Path(str(path)) if path.is_file() else None
 
 
-def resolve_model(spec: str) -> str | ModelConfig:
+def resolve_model(spec: str):
     """``spec`` as ``load_model`` takes it: an existing path as is, a known name as its ModelConfig."""
     if Path(spec).expanduser().exists():
         return spec
@@ -46,6 +66,8 @@ def resolve_model(spec: str) -> str | ModelConfig:
 
         names = sorted(yaml.safe_load(table.read_text()))
         if spec in names:
+            from pagedbench.refengine.model.config import ModelConfig
+
             return ModelConfig.from_yaml(table, name=spec)
     known = f"; named configs: {', '.join(names)}" if names else ""
     raise CLIError(f"--model {spec!r}: no such model folder or .yaml config, and not a named config{known}")
@@ -62,30 +84,45 @@ def parse_ids(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.refengine", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.refengine", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="serve prompts and print the completions")
+    gen = sub.add_parser("generate", help="serve prompts and print the completions", description=DESCRIPTION,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
     gen.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     gen.add_argument("--prompt-ids", action="append", default=[], type=parse_ids, metavar="IDS",
                      help="a prompt of comma-separated token ids (repeatable)")
-    gen.add_argument("--max-tokens", type=int, default=16)
+    gen.add_argument("--max-tokens", type=int, default=16, help="new tokens per prompt (default 16)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0, help="random weights and sampling")
-    gen.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the model's)")
-    gen.add_argument("--chat", action="store_true", help="apply the model's chat template to text prompts")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
+    gen.add_argument("--seed", type=int, default=0, help="random weights and sampling (default 0)")
+    gen.add_argument("--dtype", default=None, choices=DTYPE_NAMES, metavar="DTYPE",
+                     help="float32, bfloat16 or float16 (default: the model's)")
+    gen.add_argument("--chat", action="store_true", help="apply the model folder's chat template to text prompts")
+    gen.add_argument("--batch-invariant", action="store_true",
+                     help="logits bit-identical whatever else is in the batch (slower)")
     return parser
+
+
+def chat_template(folder: str) -> tuple[str, dict]:
+    """(template, tokenizer config) of a folder: ``chat_template.jinja`` (what recent ``transformers``
+    saves, so what ``make model`` writes), else ``tokenizer_config.json``'s ``chat_template``."""
+    config_path = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    jinja = Path(folder) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(), config
+    template = config.get("chat_template")
+    if not isinstance(template, str):
+        raise CLIError(f"--chat: {folder} has no chat template (neither {jinja.name} nor a chat_template "
+                       f"in {config_path.name})")
+    return template, config
 
 
 def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     """One user turn rendered with the folder's chat template, as token ids (the template adds BOS)."""
-    config_path = Path(folder) / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    template = config.get("chat_template")
-    if not isinstance(template, str):
-        raise CLIError(f"--chat: {config_path} has no chat_template")
+    template, config = chat_template(folder)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str):
@@ -103,8 +140,9 @@ def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False).ids}
 
 
-def format_output(i: int, out: RequestOutput) -> str:
-    prompt = repr(out.prompt) if out.prompt is not None else f"ids {out.prompt_token_ids}"
+def format_output(i: int, out: RequestOutput, label: str | None = None) -> str:
+    """``label`` names the prompt in place of its text or ids (a chat prompt: the user's text)."""
+    prompt = label or (repr(out.prompt) if out.prompt is not None else f"ids {out.prompt_token_ids}")
     if out.error is not None:
         return f"[{i}] {prompt}\n    error: {out.error}"
     lines = [f"[{i}] {prompt}"]
@@ -120,20 +158,39 @@ def format_stats(s: LLMStats) -> str:
             f"tok/s, output {s.output_tokens_per_s:.1f} tok/s")
 
 
-def generate(args: argparse.Namespace) -> int:
+def check_arguments(args: argparse.Namespace):
+    """Everything that can be checked without the weights: returns (model source, SamplingParams)."""
     if not args.prompt and not args.prompt_ids:
         raise CLIError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
-    source = resolve_model(args.model)
-    llm = LLM(source, dtype=args.dtype, seed=args.seed)
-    if args.prompt and llm.tokenizer is None:
-        raise CLIError(f"--model {args.model!r} has no tokenizer: pass token ids with --prompt-ids")
-    if args.chat and not isinstance(source, str):
-        raise CLIError("--chat needs a model folder with a chat template")
-    texts = [chat_prompt(source, llm.tokenizer, p) if args.chat else p for p in args.prompt]
+    if args.seed < 0:
+        raise CLIError(f"--seed must be >= 0; got {args.seed}")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    outs = llm.generate([*texts, *args.prompt_ids], params, use_tqdm=False)
+    source = resolve_model(args.model)
+    is_folder = isinstance(source, str) and Path(source).expanduser().is_dir()
+    if args.chat:
+        if not is_folder:
+            raise CLIError("--chat needs a model folder with a chat template")
+        chat_template(source)
+    if args.prompt and not (is_folder and (Path(source).expanduser() / "tokenizer.json").is_file()):
+        raise CLIError(f"--model {args.model!r} has no tokenizer: pass token ids with --prompt-ids")
+    return source, params
+
+
+def generate(args: argparse.Namespace) -> int:
+    source, params = check_arguments(args)
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    from pagedbench.refengine.engine.llm import LLM
+
+    llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant)
+    print(f"loaded in {time.perf_counter() - start:.1f} s; generating {len(args.prompt) + len(args.prompt_ids)} "
+          f"prompt(s), up to {args.max_tokens} tokens each", file=sys.stderr, flush=True)
+    texts = [chat_prompt(source, llm.tokenizer, p) if args.chat else p for p in args.prompt]
+    outs = llm.generate([*texts, *args.prompt_ids], params, use_tqdm=True if sys.stderr.isatty() else None)
+    labels = [f"{p!r} (chat, {len(t['prompt_token_ids'])} tokens)" for p, t in zip(args.prompt, texts)] \
+        if args.chat else []
     for i, out in enumerate(outs):
-        print(format_output(i, out))
+        print(format_output(i, out, labels[i] if i < len(labels) else None))
     print(format_stats(llm.stats))
     return 1 if any(o.error is not None for o in outs) else 0
 

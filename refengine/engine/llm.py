@@ -23,6 +23,7 @@ request before running anything.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
@@ -46,6 +47,11 @@ from pagedbench.refengine.model.loader import LoadedModel, load_model
 ALLOCATORS = ("paged", "contiguous")
 
 
+def poison_from_env() -> bool:
+    """``PAGEDBENCH_POISON_KV=1`` in the environment: NaN-fill every LLM's KV pool (tests, debugging)."""
+    return os.environ.get("PAGEDBENCH_POISON_KV", "") not in ("", "0")
+
+
 def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
@@ -67,13 +73,20 @@ class LLM:
     loader's; with a LoadedModel they are its own (a different dtype or any backend is an error). ``seed`` seeds the
     random weights of a config-built model and the sampling of requests given ``seed=None``.
     ``check_invariants=True`` runs the block manager's invariant check after every step (tests).
+    ``batch_invariant=True``: a request's logits (so its greedy and seeded tokens) are bit-identical
+    whatever else is in the batch and however its prefill is chunked, at a cost (fixed row tiles for
+    every matmul, attention in a fixed order: ``refengine.model.batch_invariance``).
+    ``poison_kv_cache``: fill the KV pool with NaN, so a read of a slot nobody wrote shows as NaN logits
+    (debugging, tests: a full pass over the pool's memory); None: on when the environment sets
+    ``PAGEDBENCH_POISON_KV=1`` (the test suite's conftest does), else the pool is left zeroed by the OS.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int | None = None, enable_prefix_caching: bool = True,
                  allocator: str = "paged", attention_backend=None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
-                 max_model_len: int | None = None, check_invariants: bool = False) -> None:
+                 max_model_len: int | None = None, check_invariants: bool = False,
+                 batch_invariant: bool = False, poison_kv_cache: bool | None = None) -> None:
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         self.block_size = _positive("block_size", block_size)
@@ -101,7 +114,8 @@ class LLM:
             num_blocks = 4 * -(-self.max_model_len // self.block_size)
         cfg = self.config
         self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.block_size,
-                              self.model.dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory)
+                              self.model.dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory,
+                              poison=poison_from_env() if poison_kv_cache is None else bool(poison_kv_cache))
         self.allocator = allocator
         self.enable_prefix_caching = bool(enable_prefix_caching) and allocator == "paged"
         if allocator == "paged":
@@ -116,7 +130,9 @@ class LLM:
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
             prefix_caching=self.enable_prefix_caching)
         self.check_invariants = bool(check_invariants)
-        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size)
+        self.batch_invariant = bool(batch_invariant)
+        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
+                                      batch_invariant=self.batch_invariant)
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator)
         self._recorder = StatsRecorder()

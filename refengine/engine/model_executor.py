@@ -22,9 +22,12 @@ class ModelExecutor:
     """``model`` over the paged KV ``pool``, whose block tables ``block_manager`` keeps.
 
     ``check_block_tables`` (tests): compare every persistent row a step uses with the block manager.
+    ``batch_invariant``: the model's fixed-order arithmetic (a row's logits independent of the batch).
+    ``logits_hook`` (tests, studies): called with (seq_ids, float32 logits [len(seq_ids), vocab]) for
+    every step that samples, before sampling.
     """
 
-    def __init__(self, model, pool, block_manager, block_size: int) -> None:
+    def __init__(self, model, pool, block_manager, block_size: int, *, batch_invariant: bool = False) -> None:
         self.model = model
         self.pool = pool
         self.block_manager = block_manager
@@ -32,6 +35,8 @@ class ModelExecutor:
         self.kv_caches = pool.kv_caches()
         self.tables = HostBlockTables(block_manager, block_size)
         self.check_block_tables = False
+        self.batch_invariant = batch_invariant
+        self.logits_hook = None
         # the attention backend's per-step layout (the CPU backend's gather indices and masks), built here
         # so that it counts as host time; the model's forward then finds it built. None: no such step
         self.plan = getattr(getattr(model, "attention_backend", None), "plan", None)
@@ -54,7 +59,7 @@ class ModelExecutor:
         meta = AttentionMetadata.from_host(
             block_tables=step.block_tables, seq_lens=step.seq_lens, query_lens=step.query_lens,
             slot_mapping=step.slot_mapping, device=device, block_size=self.block_size,
-            num_blocks=self.pool.num_blocks)
+            num_blocks=self.pool.num_blocks, batch_invariant=self.batch_invariant)
         if self.plan is not None:
             meta = self.plan(meta, self.block_size)
         ids = torch.from_numpy(step.input_ids).to(device)
@@ -67,7 +72,12 @@ class ModelExecutor:
         last = meta.last_token_indices()
         if len(samplers) < len(chunks):
             last = last[torch.tensor([i for i, c in enumerate(chunks) if c.samples], device=device)]
-        logits = self.model.compute_logits(hidden[last])  # float32 [len(samplers), vocab]
+        if self.batch_invariant:
+            logits = self.model.compute_logits(hidden[last], batch_invariant=True)
+        else:
+            logits = self.model.compute_logits(hidden[last])  # float32 [len(samplers), vocab]
+        if self.logits_hook is not None:
+            self.logits_hook([s.seq_id for s in samplers], logits)
         if any(s.pending_children for s in samplers):
             # a just-prefilled parent's children sample from its row too
             seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]

@@ -36,6 +36,16 @@ class LLMStats:
     # wall seconds spent in generate and step calls since construction (the idle time between calls not)
     elapsed_s: float = 0.0
 
+    def __str__(self) -> str:
+        """The figures a reader looks for first, throughput included (``repr`` has every field)."""
+        return (f"LLMStats({self.num_requests} requests ({self.num_rejected_requests} rejected), "
+                f"{self.num_prompt_tokens} prompt + {self.num_generated_tokens} generated tokens in "
+                f"{self.elapsed_s:.2f} s over {self.num_steps} steps: input {self.input_tokens_per_s:.1f} tok/s, "
+                f"output {self.output_tokens_per_s:.1f} tok/s; KV pool {self.num_blocks} blocks x "
+                f"{self.block_size}, peak {self.peak_used_blocks} used, prefix hit rate "
+                f"{self.prefix_hit_rate:.1%}, {self.num_preemptions} preemptions, mean batch "
+                f"{self.mean_running_seqs:.1f} (peak {self.peak_running_seqs}))")
+
     @property
     def sharing_saving(self) -> float:
         """Share of block-table entries served by a block another table also holds (prefix caching,

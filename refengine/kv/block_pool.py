@@ -153,11 +153,11 @@ class BlockPool:
         xp, to_torch = _array_module()
         storage, nan_bits = _STORAGE[self.dtype]
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        fill = nan_bits if self.poison else 0
         arrays, ks, vs = [], [], []
         for _ in range(self.num_layers):
-            k_arr = xp.full(shape, fill, dtype=storage)
-            v_arr = xp.full(shape, fill, dtype=storage)
+            # zeros: calloc'd pages the OS maps on first touch, so an unpoisoned pool costs no fill
+            k_arr = xp.full(shape, nan_bits, dtype=storage) if self.poison else xp.zeros(shape, dtype=storage)
+            v_arr = xp.full(shape, nan_bits, dtype=storage) if self.poison else xp.zeros(shape, dtype=storage)
             arrays.append((k_arr, v_arr))
             ks.append(to_torch(k_arr).view(self.dtype))
             vs.append(to_torch(v_arr).view(self.dtype))

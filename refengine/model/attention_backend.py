@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.batch_invariance import attend_fixed_order
 from pagedbench.refengine.model.batched_attention import PaddedLayout, attend, build_padded_layout, store_kv
 
 #: block-table entries past a sequence's last block (never read by the kernels)
@@ -54,6 +55,9 @@ class AttentionMetadata:
     max_seq_len: int = 0  # max(seq_lens)
     validated: bool = False  # indices checked at build: launchers need not validate (see above)
     padded: PaddedLayout | None = None  # the batched torch backend's gather layout (its plan)
+    # the model runs the batch-invariant arithmetic (``batch_invariance``): fixed row tiles, and every
+    # backend attends with ``attend_fixed_order`` over the gather layout after writing the K/V its own way
+    batch_invariant: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -118,6 +122,7 @@ class AttentionMetadata:
         device: torch.device | str | None = None,
         block_size: int | None = None,
         num_blocks: int | None = None,
+        batch_invariant: bool = False,
     ) -> AttentionMetadata:
         """Metadata from host arrays: block_tables int32 [S, max_blocks], seq_lens and query_lens int
         [S], slot_mapping int64 [T]. Checked here, once per step, with vector operations: one length per
@@ -144,6 +149,7 @@ class AttentionMetadata:
             host_block_tables=np.asarray(block_tables, dtype=np.int32),
             max_seq_len=int(seq_lens.max()),
             validated=block_size is not None and num_blocks is not None,
+            batch_invariant=bool(batch_invariant),
         )
 
 
@@ -230,7 +236,7 @@ class _LauncherBackend:
         raise NotImplementedError
 
     def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
-        return meta
+        return plan_padded(meta, block_size) if meta.batch_invariant else meta
 
     def _prefill_kwargs(self, meta: AttentionMetadata) -> dict:
         return {}
@@ -238,6 +244,9 @@ class _LauncherBackend:
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         ops = self._ops()
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.batch_invariant:
+            layout = plan_padded(meta, k_cache.shape[1]).padded
+            return attend_fixed_order(q, k_cache, v_cache, layout, scale)
         if meta.is_decode_only:
             return ops.paged_decode(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale=scale,
                                     validate=meta.launcher_validate)
@@ -279,6 +288,20 @@ class TorchBackend(_LauncherBackend):
         return reference
 
 
+def plan_padded(meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
+    """``meta`` with its gather layout (``batched_attention``) attached; itself if it has one."""
+    if meta.padded is not None:
+        return meta
+    if meta.host_block_tables is None:  # built by hand: read the tables back (a sync on a GPU)
+        tables = meta.block_tables.cpu().numpy()
+        seq_lens = meta.seq_lens.cpu().numpy()
+    else:
+        tables, seq_lens = meta.host_block_tables, np.asarray(meta.host_seq_lens)
+    layout = build_padded_layout(tables, seq_lens, np.asarray(meta.query_lens), block_size,
+                                 device=meta.slot_mapping.device)
+    return replace(meta, padded=layout)
+
+
 class BatchedTorchBackend:
     """The step's attention in one masked ``scaled_dot_product_attention`` per group of sequences
     (``refengine.model.batched_attention``): the default on the CPU.
@@ -289,21 +312,14 @@ class BatchedTorchBackend:
     name = "torch-batched"
 
     def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
-        if meta.padded is not None:
-            return meta
-        if meta.host_block_tables is None:  # built by hand: read the tables back (a sync on a GPU)
-            tables = meta.block_tables.cpu().numpy()
-            seq_lens = meta.seq_lens.cpu().numpy()
-        else:
-            tables, seq_lens = meta.host_block_tables, np.asarray(meta.host_seq_lens)
-        layout = build_padded_layout(tables, seq_lens, np.asarray(meta.query_lens),
-                                                       block_size, device=meta.slot_mapping.device)
-        return replace(meta, padded=layout)
+        return plan_padded(meta, block_size)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         block_size = k_cache.shape[1]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, block_size)
-        layout = (meta if meta.padded is not None else self.plan(meta, block_size)).padded
+        layout = plan_padded(meta, block_size).padded
+        if meta.batch_invariant:
+            return attend_fixed_order(q, k_cache, v_cache, layout, scale)
         return attend(q, k_cache, v_cache, layout, scale)
 
     def __repr__(self) -> str:

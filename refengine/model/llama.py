@@ -10,6 +10,11 @@ Per layer, for the step's ``T`` flattened tokens (see :mod:`refengine.attention_
 The numerics follow Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` step for step (RMSNorm in
 float32 then cast back before the weight, rotary cos/sin computed in float32 and cast to the activations'
 dtype, the ``rotate_half`` convention), so float32 logits agree to rounding.
+
+With ``meta.batch_invariant`` the same layers run on a row count padded to whole tiles, every linear
+layer one tile at a time, and attention in a fixed order (:mod:`batch_invariance`): a request's logits
+are then bit-identical whatever else the step holds. The padding rows never reach attention or the
+cache.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 import torch
 from pagedbench.refengine.errors import InvalidArgumentError
 from pagedbench.refengine.model.attention_backend import AttentionBackend, AttentionMetadata
+from pagedbench.refengine.model.batch_invariance import linear, pad_rows, padded_rows
 from pagedbench.refengine.model.config import ModelConfig, RopeScaling
 from torch import nn
 from torch.nn import functional as F
@@ -101,15 +107,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]):
-        """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` (k, v caches)."""
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` (k, v caches).
+
+        Batch-invariant: x has padding rows past the step's ``meta.num_tokens``; they skip attention."""
+        t, inv = x.shape[0], meta.batch_invariant
+        q = linear(self.q_proj, x, inv).view(t, self.num_heads, self.head_dim)
+        k = linear(self.k_proj, x, inv).view(t, self.num_kv_heads, self.head_dim)
+        v = linear(self.v_proj, x, inv).view(t, self.num_kv_heads, self.head_dim)
         q = RotaryEmbedding.apply(q, cos, sin)
         k = RotaryEmbedding.apply(k, cos, sin)
+        n = meta.num_tokens
+        if inv and n < t:
+            q, k, v = q[:n], k[:n], v[:n]
         out = self.backend.forward(q, k, v.contiguous(), kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        return linear(self.o_proj, pad_rows(out, t) if inv else out, inv)
 
 
 class MLP(nn.Module):
@@ -121,8 +133,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        up = linear(self.up_proj, x, invariant)
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, x, invariant)) * up, invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -135,7 +148,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, meta, kv_cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), meta.batch_invariant)
 
 
 class LlamaModel(nn.Module):
@@ -187,19 +200,26 @@ class LlamaModel(nn.Module):
         plan = getattr(self.attention_backend, "plan", None)  # a hand-made backend may have none
         if plan is not None:
             meta = plan(meta, kv_caches[0][0].shape[1])  # once per step, shared by every layer
+        t = meta.num_tokens
+        if meta.batch_invariant:  # whole row tiles; the padding rows are token 0 at position 0
+            input_ids, positions = pad_rows(input_ids, padded_rows(t)), pad_rows(positions, padded_rows(t))
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, cos, sin, meta, kv_cache)
-        return self.model.norm(x)
+        return self.model.norm(x)[:t]
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, *, batch_invariant: bool = False) -> torch.Tensor:
         """hidden [N, hidden_size] (model dtype) -> float32 logits [N, vocab_size].
 
         The LM head runs in the model's dtype (as Hugging Face does); the result is cast to float32.
+        ``batch_invariant``: on whole row tiles, so a row's logits do not depend on N.
         """
-        return self.lm_head(hidden).to(torch.float32)
+        if not batch_invariant:
+            return self.lm_head(hidden).to(torch.float32)
+        n = hidden.shape[0]
+        return linear(self.lm_head, pad_rows(hidden, padded_rows(n)), True)[:n].to(torch.float32)
 
     def _check_step(self, input_ids, positions, meta, kv_caches) -> None:
         t = meta.num_tokens

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
-from pagedbench.refengine.cli import main, named_configs_path
+from pagedbench.refengine.cli import chat_prompt, main, named_configs_path
 
 HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16, "hidden_size": 16,
              "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -39,7 +39,9 @@ def test_named_config_in_a_subprocess():
     assert lines[:4] == ["[0] ids [1, 2, 3]", f"    -> ids {first} (length)", "[1] ids [4, 5]",
                          f"    -> ids {second} (length)"]
     assert lines[4].startswith("stats: 2 requests, 5 prompt tokens, 8 generated tokens in ")
-    assert "output " in lines[4] and proc.stderr == ""  # no progress bar for two prompts
+    assert "output " in lines[4] and "tok/s" in lines[4]
+    err = proc.stderr.splitlines()  # progress: no bar for two prompts off a terminal, the loading lines
+    assert err[0] == "loading tiny ..." and err[1].startswith("loaded in ") and len(err) == 2
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,10 @@ def test_text_prompt_uses_the_folders_tokenizer(folder, capsys):
 def test_chat_wraps_the_prompt_in_the_template(folder, capsys):
     assert main(["generate", "--model", str(folder), "--prompt", "hello world", "--chat", "--max-tokens", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "[0] ids [1, 2, 4, 5, 3]"  # BOS USER hello world ASSISTANT
+    assert out[0] == "[0] 'hello world' (chat, 5 tokens)"
+    tokenizer = load_model(str(folder)).tokenizer
+    assert chat_prompt(str(folder), tokenizer, "hello world") == {"prompt_token_ids": [1, 2, 4, 5, 3]}  # BOS USER
+    # hello world ASSISTANT
 
 
 def test_chat_without_a_template_is_an_error(folder, tmp_path, capsys):
@@ -77,7 +82,50 @@ def test_chat_without_a_template_is_an_error(folder, tmp_path, capsys):
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (bare / name).symlink_to(folder / name)
     assert main(["generate", "--model", str(bare), "--prompt", "hello", "--chat"]) == 2
-    assert f"{bare / 'tokenizer_config.json'} has no chat_template" in capsys.readouterr().err
+    assert f"{bare} has no chat template (neither chat_template.jinja nor a chat_template in " \
+           "tokenizer_config.json)" in capsys.readouterr().err
+
+
+def test_chat_on_the_layout_make_model_writes(folder, tmp_path, capsys):
+    """The template in chat_template.jinja, tokenizer_config.json without one (recent transformers)."""
+    made = tmp_path / "made"
+    made.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (made / name).symlink_to(folder / name)
+    (made / "tokenizer_config.json").write_text(json.dumps({"bos_token": "BOS", "eos_token": "[UNK]"}))
+    (made / "chat_template.jinja").write_text(TEMPLATE)
+    assert main(["generate", "--model", str(made), "--prompt", "hello world", "--chat", "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "[0] 'hello world' (chat, 5 tokens)"
+    tokenizer = load_model(str(made)).tokenizer
+    assert chat_prompt(str(made), tokenizer, "hello world") == {"prompt_token_ids": [1, 2, 4, 5, 3]}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-tokens", "-1"], "max_tokens must be an int >= 1, got -1"),
+    (["--top-p", "0"], "top_p"),
+    (["--temperature", "-1"], "temperature"),
+    (["--seed", "-3"], "--seed must be >= 0; got -3"),
+])
+def test_arguments_are_checked_before_the_model_loads(folder, monkeypatch, capsys, argv, message):
+    from pagedbench.refengine.engine import llm as llm_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(llm_module.LLM, "__init__", never)
+    assert main(["generate", "--model", str(folder), "--prompt", "hello", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_help_is_plain_and_imports_no_torch():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = ("import sys\nfrom pagedbench.refengine.cli import main\ntry:\n    main(['generate', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('torch imported' if 'torch' in sys.modules else 'no torch')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                          check=True)
+    assert proc.stdout.rstrip().endswith("no torch")
+    assert "--max-tokens" in proc.stdout and "``" not in proc.stdout and ":mod:" not in proc.stdout
 
 
 @pytest.mark.parametrize(("argv", "message"), [
