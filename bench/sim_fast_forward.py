@@ -7,8 +7,9 @@ finds how many such steps can pass before the first event, and applies them at o
 
 - the clock moves step by step as before (each step's duration is ``step_time_s`` of that step's
   :class:`StepShape`, added in the same order, so every timestamp is the same float), and the run stops
-  before the first step that would start at or after the next arrival (or past the window without
-  drain);
+  before the first step that would start at or after the next arrival when the queue is empty (behind
+  a head that cannot be admitted an arrival only queues, at the step it would), or past the window
+  without drain;
 - no sequence finishes inside the run (it stops the step before the first one would), and the run's
   appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts;
 - the queue's head cannot be admitted on any of its steps: the queue is empty, the seats are taken
@@ -68,8 +69,15 @@ class FastForward:
         while k < k_max:
             if k:
                 t = clock.now()
-                if t >= next_arrival or t > stop_after:
+                if t > stop_after:
                     break
+                if t >= next_arrival:
+                    if not self.sched.waiting:
+                        break
+                    # behind a head that cannot be admitted, an arrival only joins the queue (a new
+                    # request is the youngest): the run goes on
+                    run._arrive()
+                    next_arrival = run.pending[0].arrival_s if run.pending else math.inf
             clock.advance(step_time_s(StepShape((), tuple([e + k for e in ends]))))
             k += 1
         self._apply(running, ends, k)
@@ -88,14 +96,6 @@ class FastForward:
         self.refused = None
         if not b or b > sched.max_num_batched_tokens:
             return 0
-        if sched.waiting:
-            head = sched.waiting[0]
-            seats_full = sum(s.seats for s in running) + head.seats > sched.max_num_seqs
-            no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
-            if not (seats_full or no_budget):
-                if not self._refuses_now(head):
-                    return 0
-                self.refused = head
         filler = self.executor.filler_token
         eos, max_len = sched.stop.eos_token_ids, sched.stop.max_model_len
         k_max = math.inf
@@ -111,6 +111,14 @@ class FastForward:
             starts.append(n - 1)
         if k_max < 2:
             return 0
+        if sched.waiting:  # every running sequence takes one seat (no pending children, checked above)
+            head = sched.waiting[0]
+            seats_full = b + head.seats > sched.max_num_seqs
+            no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
+            if not (seats_full or no_budget):
+                if not self._refuses_now(head):
+                    return 0
+                self.refused = head
         if self.paged:
             return self._bound_by_free_blocks(starts, int(k_max))
         bm = self.bm

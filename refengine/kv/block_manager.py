@@ -239,9 +239,13 @@ class BlockManager:
         the last block is shared (a copy-on-write is due: append one token at a time); nothing changes.
         """
         seq = self._get(seq_id)
-        if isinstance(token_ids, list) and not token_ids:
+        new = list(token_ids)
+        if not new:
             return
-        new = _token_list(token_ids)
+        if set(map(type, new)) != {int} or min(new) < 0 or max(new) >= _MAX_TOKEN:  # at C speed
+            for t in new:
+                _token_id(t)  # raises the error that names the bad one
+            new = [_token_id(t) for t in new]  # numpy or torch scalars: plain ints
         tokens = seq.token_ids
         n, m, bs = len(tokens), len(new), self._block_size
         if n % bs and seq.blocks[-1].ref_count != 1:
