@@ -148,14 +148,14 @@ class FastForward:
         return kwargs
 
     def _refuse(self, head, k: int) -> None:
-        """The ``k`` refused allocations of the run's steps (the managers count them)."""
-        kwargs = self._admission_kwargs(head)
-        for _ in range(k):
-            try:
-                self.bm.allocate(head.seq_id, head.token_ids, **kwargs)
-            except OutOfBlocksError:
-                continue
-            raise AssertionError(f"fast-forward: sequence {head.seq_id} was admitted where it ruled that out")
+        """The run's ``k`` refused allocations of ``head``: one is made (it must be refused: the run's
+        free blocks only got fewer), the others counted as the manager would."""
+        try:
+            self.bm.allocate(head.seq_id, head.token_ids, **self._admission_kwargs(head))
+        except OutOfBlocksError:
+            self.bm.record_refused_allocations(k - 1)
+            return
+        raise AssertionError(f"fast-forward: sequence {head.seq_id} was admitted where it ruled that out")
 
     def _bound_by_free_blocks(self, starts: list[int], k_max: int) -> int:
         """The most steps (<= k_max) whose new blocks the free ones cover (a bisection)."""

@@ -128,3 +128,14 @@ def test_append_tokens_matches_one_call_per_token():
 def test_simresult_is_comparable():
     # the identity checks compare SimResults whole: every field must take part in equality
     assert all(f.compare for f in dataclasses.fields(serving_sim.SimResult))
+
+
+def test_record_refused_allocations_counts_as_refused_calls():
+    from pagedbench.refengine import BlockManager, ContiguousBlockManager
+    from pagedbench.refengine.errors import InvalidArgumentError
+
+    for bm in (BlockManager(2, 4), ContiguousBlockManager(8, 1, max_seq_len=8)):
+        bm.record_refused_allocations(3)
+        assert bm.metrics().failed_allocations == 3
+        with pytest.raises(InvalidArgumentError, match="count must be an int >= 0, got -1"):
+            bm.record_refused_allocations(-1)

@@ -270,6 +270,13 @@ class BlockManager:
                     self._publish(seq, len(tokens) // bs)
         self._live_tokens += m
 
+    def record_refused_allocations(self, count: int) -> None:
+        """Count ``count`` refused ``allocate`` calls without making them: a simulator that skips steps
+        whose allocation it has shown would be refused keeps the statistics of the calls it skipped."""
+        if type(count) is not int or count < 0:
+            raise InvalidArgumentError(f"count must be an int >= 0, got {count!r}")
+        self._failed_allocations += count
+
     def _copy_on_write_last_block(self, seq: _Sequence) -> tuple[int, int] | None:
         """The copy-on-write hook, called before a token is written into ``seq``'s partial last block.
 

@@ -221,6 +221,13 @@ class ContiguousBlockManager:
         res.num_tokens += m
         self._live_tokens += m
 
+    def record_refused_allocations(self, count: int) -> None:
+        """Count ``count`` refused ``allocate`` calls without making them: a simulator that skips steps
+        whose allocation it has shown would be refused keeps the statistics of the calls it skipped."""
+        if type(count) is not int or count < 0:
+            raise InvalidArgumentError(f"count must be an int >= 0, got {count!r}")
+        self._failed_allocations += count
+
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed (the reservation has room)."""
         res = self._get(seq_id)
