@@ -83,3 +83,25 @@ def test_shipped_trace_by_name(tmp_path, monkeypatch):
     assert doc["trace"]["format"] == "mooncake" and doc["trace"]["num_requests"] == 40
     with pytest.raises(SystemExit, match="the 6 requests served all arrive at once: no rate to sweep"):
         serve_sim.main(_args("mooncake-conv", tmp_path / "out2", "--requests", "6", "--over-context", "clip"))
+
+
+def test_capacity_is_the_highest_rate_below_the_first_failure():
+    from pagedbench.bench.serve_sim_report import capacity
+
+    rows = [{"rate_rps": r, "meets_slo": ok} for r, ok in [(1, True), (2, True), (4, False), (8, True)]]
+    assert capacity(rows) == 2  # a noisy pass above a failure does not count
+    assert capacity([{"rate_rps": 1, "meets_slo": False}]) == 0.0
+
+
+def test_goodput_counts_requests_meeting_the_slo():
+    from pagedbench.bench.serve_sim_report import metrics
+    from pagedbench.bench.serving_sim import Shares, SimResult
+    from pagedbench.bench.workloads import Request
+
+    trace = (Request(1, 5, 10, 1.0), Request(0, 5, 2, 0.0))  # served in arrival order: request 0 first
+    result = SimResult("paged", 64, 10, 10, Shares(0, 0, 0, 0, 0, 1), 1.0, 2, 0, 2, 0.75, simulated_s=4.0,
+                       latencies_s=(2.0, 5.0))  # request 0: 2 s / 2 tokens = 1.0; request 1: 5 s / 10 = 0.5
+    row = metrics(trace, result, 1.0)
+    assert row["goodput_rps"] == 0.5 and row["meets_slo"] is True
+    assert metrics(trace, result, 0.7)["goodput_rps"] == 0.25 and not metrics(trace, result, 0.7)["meets_slo"]
+    assert row["output_tokens_per_s"] == 3.0
