@@ -96,6 +96,16 @@ class FastForward:
         self.refused = None
         if not b or b > sched.max_num_batched_tokens:
             return 0
+        # a queue's head that could be admitted ends the run before it starts: tested first, before the
+        # pass over the running sequences (b seats is a lower bound on theirs: the pass checks it)
+        if sched.waiting:
+            head = sched.waiting[0]
+            seats_full = b + head.seats > sched.max_num_seqs
+            no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
+            if not (seats_full or no_budget):
+                if not self._refuses_now(head):
+                    return 0
+                self.refused = head
         filler = self.executor.filler_token
         eos, max_len = sched.stop.eos_token_ids, sched.stop.max_model_len
         k_max = math.inf
@@ -111,14 +121,6 @@ class FastForward:
             starts.append(n - 1)
         if k_max < 2:
             return 0
-        if sched.waiting:  # every running sequence takes one seat (no pending children, checked above)
-            head = sched.waiting[0]
-            seats_full = b + head.seats > sched.max_num_seqs
-            no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
-            if not (seats_full or no_budget):
-                if not self._refuses_now(head):
-                    return 0
-                self.refused = head
         if self.paged:
             return self._bound_by_free_blocks(starts, int(k_max))
         bm = self.bm
