@@ -77,10 +77,10 @@ def test_help_lists_shipped_traces_gpus_models_and_slo_presets(capsys):
 
 def test_shipped_trace_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDBENCH_SERVE_SIM_CACHE", str(tmp_path / "cache"))
-    serve_sim.main(_args("mooncake-conv", tmp_path / "out", "--requests", "40", "--max-seq-len", "32768",
+    serve_sim.main(_args("mooncake-conv", tmp_path / "out", "--requests", "20", "--max-seq-len", "32768",
                          "--over-context", "drop", "--prefix-caching", "--gpu", "h200"))
     doc = json.loads((tmp_path / "out" / "serve_sim.json").read_text())
-    assert doc["trace"]["format"] == "mooncake" and doc["trace"]["num_requests"] == 40
+    assert doc["trace"]["format"] == "mooncake" and doc["trace"]["num_requests"] == 20
     with pytest.raises(SystemExit, match="the 6 requests served all arrive at once: no rate to sweep"):
         serve_sim.main(_args("mooncake-conv", tmp_path / "out2", "--requests", "6", "--over-context", "clip"))
 
