@@ -15,7 +15,8 @@ import time
 STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "host_cost",
            "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
            "load_speed")
-COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check"}
+COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
+            "serve-sim": "serve_sim"}
 
 
 def main(argv: list[str] | None = None) -> int:

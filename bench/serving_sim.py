@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedbench.bench.sim_fast_forward import FastForward
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine import BlockManager, ContiguousBlockManager, SamplingParams
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor, StepResult, StepShape
@@ -161,7 +162,8 @@ class _Run:
     def __init__(self, trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig,
                  step_time_s: Callable[[StepShape], float], record_steps: bool, account: bool,
                  prompt_tokens: Callable[[Request], list[int]] | None,
-                 make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None) -> None:
+                 make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None,
+                 fast_forward: bool = False) -> None:
         self.bm = (make_manager or _manager)(spec, cfg)
         self.bs = spec.block_size
         self.total = self.bm.num_blocks * self.bs
@@ -184,6 +186,8 @@ class _Run:
         self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
         self.running_sum = 0
         self.steps: list[StepRecord] = []
+        fast = fast_forward and not account and not record_steps and FastForward.applies(self)
+        self.fast = FastForward(self) if fast else None
 
     def _arrive(self) -> None:
         now, core = self.clock.now(), self.core
@@ -241,6 +245,8 @@ class _Run:
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain:
             return False
+        if self.fast is not None and self.fast.advance(self):  # a run of decode steps at once
+            return True
         try:
             report = core.step()
         except RuntimeError as e:  # the scheduler could not place the head of the queue at all
@@ -266,17 +272,20 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
              step_time_s: Callable[[StepShape], float] | None = None, record_steps: bool = False,
              account: bool = True, prompt_tokens: Callable[[Request], list[int]] | None = None,
              on_step: Callable[[], None] | None = None,
-             make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None) -> SimResult:
+             make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None,
+             fast_forward: bool = True) -> SimResult:
     """Serve ``trace`` with ``spec``'s KV manager under ``cfg`` (see the module docstring).
 
     ``step_time_s``: each step's duration from its shape (default: ``cfg.step_s``, constant).
     ``account=False`` skips the memory accounting (shares and mean batch stay 0; the latency does not
     need them). ``prompt_tokens(request)``: the prompt's token ids (default: zeros; what matters to a
     simulation is their number, unless prefix caching is on). ``make_manager(spec, cfg)``: builds the KV
-    manager in place of the default one for ``spec`` (a recording subclass, say).
+    manager in place of the default one for ``spec`` (a recording subclass, say). ``fast_forward``: serve
+    runs of decode steps in one go (:mod:`pagedbench.bench.sim_fast_forward`; the same schedule, and
+    ``on_step`` is then called once per run), unless the memory is accounted or steps recorded.
     """
     run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
-               prompt_tokens, make_manager)
+               prompt_tokens, make_manager, fast_forward)
     while run.step():
         if on_step is not None:
             on_step()

@@ -32,6 +32,9 @@ class Request:
     prompt_len: int  # tokens in the prompt (>= 1)
     output_len: int  # tokens the request will generate (>= 1)
     arrival_s: float = 0.0  # arrival time in seconds from the start of the trace
+    # ids of the prompt's blocks as a trace gives them (Mooncake: one per 512 tokens; equal ids, equal
+    # tokens), so prompts can share prefixes; () when the trace has none
+    block_hash_ids: tuple[int, ...] = ()
 
     @property
     def total_len(self) -> int:

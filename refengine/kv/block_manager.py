@@ -229,6 +229,54 @@ class BlockManager:
                 self._publish(seq, (n + 1) // bs)
         return [] if copy is None else [copy]
 
+    def append_tokens(self, seq_id: Hashable, token_ids: Iterable[int]) -> None:
+        """Make room for several tokens at once, leaving the state ``append_token`` would leave after
+        one call per token (blocks taken, and with prefix caching blocks published, block by block in
+        the same order), for a caller that knows no copy-on-write is due (the serving simulator's runs
+        of decode steps).
+
+        Raises OutOfBlocksError when the blocks they need are not all free, and InvalidArgumentError when
+        the last block is shared (a copy-on-write is due: append one token at a time); nothing changes.
+        """
+        seq = self._get(seq_id)
+        new = list(token_ids)
+        if not new:
+            return
+        if set(map(type, new)) != {int} or min(new) < 0 or max(new) >= _MAX_TOKEN:  # at C speed
+            for t in new:
+                _token_id(t)  # raises the error that names the bad one
+            new = [_token_id(t) for t in new]  # numpy or torch scalars: plain ints
+        tokens = seq.token_ids
+        n, m, bs = len(tokens), len(new), self._block_size
+        if n % bs and seq.blocks[-1].ref_count != 1:
+            raise InvalidArgumentError(f"sequence {seq_id!r} shares its last block {seq.blocks[-1].block_id}: "
+                                       "a copy-on-write is due, append one token at a time")
+        need = -(-(n + m) // bs) - -(-n // bs)
+        if need > len(self._free) + len(self._cached):
+            raise OutOfBlocksError(f"sequence {seq_id!r} needs {need} new blocks for {m} tokens but only "
+                                   f"{len(self._free) + len(self._cached)} are free")
+        publish = seq.auto_publish and seq.num_computed == n
+        i = 0
+        while i < m:  # one block (or the rest of the last one) at a time
+            if len(tokens) % bs == 0:
+                seq.blocks.append(self._take_fresh())
+                self._table_blocks += 1
+            take = min(m - i, bs - len(tokens) % bs)
+            tokens.extend(new[i:i + take])
+            i += take
+            if publish:
+                seq.num_computed = len(tokens)
+                if len(tokens) % bs == 0 and self.enable_prefix_caching:
+                    self._publish(seq, len(tokens) // bs)
+        self._live_tokens += m
+
+    def record_refused_allocations(self, count: int) -> None:
+        """Count ``count`` refused ``allocate`` calls without making them: a simulator that skips steps
+        whose allocation it has shown would be refused keeps the statistics of the calls it skipped."""
+        if type(count) is not int or count < 0:
+            raise InvalidArgumentError(f"count must be an int >= 0, got {count!r}")
+        self._failed_allocations += count
+
     def _copy_on_write_last_block(self, seq: _Sequence) -> tuple[int, int] | None:
         """The copy-on-write hook, called before a token is written into ``seq``'s partial last block.
 

@@ -206,6 +206,28 @@ class ContiguousBlockManager:
         self._live_tokens += 1
         return []
 
+    def append_tokens(self, seq_id: Hashable, token_ids: Sequence[int]) -> None:
+        """Room for several tokens inside the reservation, as one ``append_token`` call per token would
+        leave it; raises OutOfBlocksError (nothing changed) when they do not all fit."""
+        res = self._get(seq_id)
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in token_ids):
+            raise InvalidArgumentError("token ids must be non-negative ints")
+        m = len(token_ids)
+        if res.num_tokens + m > res.reserve_tokens:
+            raise OutOfBlocksError(f"sequence {seq_id!r} has room for {res.reserve_tokens - res.num_tokens} more "
+                                   f"tokens in its reservation of {res.reserve_tokens}, not {m}")
+        bs = self.block_size
+        self._table_blocks += -(-(res.num_tokens + m) // bs) - -(-res.num_tokens // bs)
+        res.num_tokens += m
+        self._live_tokens += m
+
+    def record_refused_allocations(self, count: int) -> None:
+        """Count ``count`` refused ``allocate`` calls without making them: a simulator that skips steps
+        whose allocation it has shown would be refused keeps the statistics of the calls it skipped."""
+        if type(count) is not int or count < 0:
+            raise InvalidArgumentError(f"count must be an int >= 0, got {count!r}")
+        self._failed_allocations += count
+
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed (the reservation has room)."""
         res = self._get(seq_id)

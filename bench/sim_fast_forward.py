@@ -1,0 +1,210 @@
+"""Runs of decode steps served in one go, with the schedule step-by-step simulation would make.
+
+Between two events that can change a schedule, every step of a simulation is the same: each running
+sequence computes its last token and samples the next one. The events are an arrival, a finish, a
+preemption (an append with no free block), an admission and a prefill chunk. :meth:`FastForward.advance`
+finds how many such steps can pass before the first event, and applies them at once:
+
+- the clock moves step by step as before (each step's duration is ``step_time_s`` of that step's
+  :class:`StepShape`, added in the same order, so every timestamp is the same float), and the run stops
+  before the first step that would start at or after the next arrival when the queue is empty (behind
+  a head that cannot be admitted an arrival only queues, at the step it would), or past the window
+  without drain;
+- no sequence finishes inside the run (it stops the step before the first one would), and the run's
+  appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts;
+- the queue's head cannot be admitted on any of its steps: the queue is empty, the seats are taken
+  (nothing frees one inside the run), in the mixed policy the decodes use the whole token budget, or
+  (without prefix caching) its allocation is refused now: free blocks only get fewer inside the run,
+  so it is refused on every step, and the refusals are made (the managers count them);
+- the block manager's calls are made in the order the steps would make them: every block taken
+  (``append_tokens`` up to and including the token that needs it) in step order and, within a step, in
+  the running order, then that step's blocks published (prefix caching), then the rest of each
+  sequence's tokens. Eviction, publication and block ids are those of step-by-step simulation.
+
+Anything else (a prefill chunk, a sequence of a parallel-sampling request, an executor replaying real
+tokens, a stop token equal to the filler) falls back to one real step. The simulator's memory
+accounting reads every step, so runs with ``account=True`` or ``record_steps=True`` are never skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
+from pagedbench.refengine.errors import OutOfBlocksError
+
+
+class FastForward:
+    """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
+
+    __slots__ = ("bm", "bs", "clock", "executor", "paged", "refused", "sched")
+
+    def __init__(self, run) -> None:
+        self.sched = run.sched
+        self.bm = run.bm
+        self.bs = run.bs
+        self.clock = run.clock
+        self.executor = run.core.executor
+        self.paged = run.spec.kind == "paged"
+        self.refused = None  # the queue's head, when the run's steps each try and fail to allocate it
+
+    @staticmethod
+    def applies(run) -> bool:
+        """Whether the run's executor is the simulated one with filler tokens (the only one it models)."""
+        ex = run.core.executor
+        return type(ex) is SimulatedExecutor and ex.replay is None
+
+    def advance(self, run) -> bool:
+        """Serve a run of at least two decode steps and return True, or change nothing and return False."""
+        k_max = self._bound(run)
+        if k_max < 2:
+            return False
+        running = self.sched.running
+        clock, step_time_s = self.clock, self.executor.step_time_s
+        next_arrival = run.pending[0].arrival_s if run.pending else math.inf
+        stop_after = math.inf if run.cfg.drain else run.window[1]
+        ends = [len(s.token_ids) for s in running]  # each decode chunk's end (its context) at the run's start
+        k = 0
+        while k < k_max:
+            if k:
+                t = clock.now()
+                if t > stop_after:
+                    break
+                if t >= next_arrival:
+                    if not self.sched.waiting:
+                        break
+                    # behind a head that cannot be admitted, an arrival only joins the queue (a new
+                    # request is the youngest): the run goes on
+                    run._arrive()
+                    next_arrival = run.pending[0].arrival_s if run.pending else math.inf
+            clock.advance(step_time_s(StepShape((), tuple([e + k for e in ends]))))
+            k += 1
+        self._apply(running, ends, k)
+        if self.refused is not None:
+            self._refuse(self.refused, k)
+        run.generated += len(running) * k
+        run.num_steps += k
+        run.peak = max(run.peak, len(running))
+        return True
+
+    def _bound(self, run) -> int:
+        """The most steps that can pass with no finish, preemption or admission (0: none)."""
+        sched = self.sched
+        running = sched.running
+        b = len(running)
+        self.refused = None
+        if not b or b > sched.max_num_batched_tokens:
+            return 0
+        # a queue's head that could be admitted ends the run before it starts: tested first, before the
+        # pass over the running sequences (b seats is a lower bound on theirs: the pass checks it)
+        if sched.waiting:
+            head = sched.waiting[0]
+            seats_full = b + head.seats > sched.max_num_seqs
+            no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
+            if not (seats_full or no_budget):
+                if not self._refuses_now(head):
+                    return 0
+                self.refused = head
+        filler = self.executor.filler_token
+        eos, max_len = sched.stop.eos_token_ids, sched.stop.max_model_len
+        k_max = math.inf
+        starts = []
+        for s in running:
+            n = len(s.token_ids)
+            p = s.params
+            if (s.num_computed_tokens != n - 1 or s.num_table_tokens != n - 1 or s.pending_children or p.n != 1
+                    or filler in p.stop_token_ids or (not p.ignore_eos and filler in eos)):
+                return 0
+            # the step that samples its last token finishes it: the run ends the step before
+            k_max = min(k_max, p.max_tokens - (n - s.num_prompt_tokens) - 1, max_len - n)
+            starts.append(n - 1)
+        if k_max < 2:
+            return 0
+        if self.paged:
+            return self._bound_by_free_blocks(starts, int(k_max))
+        bm = self.bm
+        return int(min(k_max, *(bm.reserved_tokens(s.seq_id) - a for s, a in zip(running, starts))))
+
+    def _refuses_now(self, head) -> bool:
+        """Whether the manager refuses ``head`` now, and so on every step of a run (no prefix cache: a
+        hit could appear as blocks are published)."""
+        sched, bm = self.sched, self.bm
+        if sched.prefix_caching:
+            return False
+        n = len(head.token_ids)
+        if self.paged:
+            return -(-n // self.bs) + sched.watermark_blocks > bm.num_free_blocks
+        if sched.watermark_blocks:
+            return False
+        kwargs = self._admission_kwargs(head)
+        return not bm.can_allocate(n, **kwargs)
+
+    def _admission_kwargs(self, head) -> dict:
+        """What the scheduler passes to ``allocate`` for ``head`` (no prefix cache)."""
+        kwargs = {}
+        if self.sched.watermark_blocks:
+            kwargs["reserve_free_blocks"] = self.sched.watermark_blocks
+        if getattr(self.bm, "reserves_by_output_len", False):
+            kwargs["output_len"] = head.params.max_tokens - head.num_output_tokens
+        return kwargs
+
+    def _refuse(self, head, k: int) -> None:
+        """The run's ``k`` refused allocations of ``head``: one is made (it must be refused: the run's
+        free blocks only got fewer), the others counted as the manager would."""
+        try:
+            self.bm.allocate(head.seq_id, head.token_ids, **self._admission_kwargs(head))
+        except OutOfBlocksError:
+            self.bm.record_refused_allocations(k - 1)
+            return
+        raise AssertionError(f"fast-forward: sequence {head.seq_id} was admitted where it ruled that out")
+
+    def _bound_by_free_blocks(self, starts: list[int], k_max: int) -> int:
+        """The most steps (<= k_max) whose new blocks the free ones cover (a bisection)."""
+        free, bs = self.bm.num_free_blocks, self.bs
+
+        def blocks(k: int) -> int:  # blocks taken by k appends from a table of a tokens, for each a
+            return sum((a + k - 1) // bs - (a - 1) // bs for a in starts)
+
+        if blocks(k_max) <= free:
+            return k_max
+        lo, hi = 0, k_max  # blocks(lo) <= free < blocks(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _apply(self, running, ends: list[int], k: int) -> None:
+        """The scheduler's and the block manager's state after ``k`` decode steps."""
+        fill = [self.executor.filler_token] * k
+        for s in running:
+            s.token_ids.extend(fill)
+        done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
+        bm, bs = self.bm, self.bs
+        if self.paged:
+            takes, publishes = defaultdict(list), defaultdict(list)
+            publish = self.sched.prefix_caching
+            for i, a in enumerate(done):
+                for j in range(-a % bs, k, bs):  # the steps whose append starts a block
+                    takes[j].append(i)
+                if publish:
+                    for j in range(-(a + 1) % bs, k, bs):  # the steps whose computed token ends a block
+                        publishes[j].append(i)
+            for j in sorted(set(takes) | set(publishes)):
+                for i in takes.get(j, ()):
+                    done[i] = self._append(running[i], done[i], ends[i] + j)
+                for i in publishes.get(j, ()):
+                    done[i] = self._append(running[i], done[i], ends[i] + j)
+                    bm.publish_blocks(running[i].seq_id, ends[i] + j)
+        for s, a, e in zip(running, done, ends):
+            self._append(s, a, e - 1 + k)
+            s.num_computed_tokens = s.num_table_tokens = e - 1 + k
+
+    def _append(self, seq, held: int, upto: int) -> int:
+        """Give the block manager ``seq``'s tokens [held, upto); returns upto."""
+        if upto > held:
+            self.bm.append_tokens(seq.seq_id, seq.token_ids[held:upto])
+        return upto

@@ -1,0 +1,141 @@
+"""Fast-forwarded simulation makes step-by-step simulation's schedule: every step's shape and time, every
+request's finish, the preemptions and the block manager's state and statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from pagedbench.bench import serving_sim, trace_formats, workloads
+from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.workloads import Request
+from pagedbench.refengine.engine.core import EngineCore
+
+
+def _mooncake_like(n: int, seed: int) -> tuple[Request, ...]:
+    """Prompts of 1-4 blocks of 512 tokens drawn from a few shared prefixes (as Mooncake's hash ids)."""
+    rng = np.random.default_rng(seed)
+    out, t, next_id = [], 0.0, 100
+    for i in range(n):
+        t += float(rng.exponential(0.15))
+        num_blocks = int(rng.integers(1, 5))
+        ids = [int(rng.integers(0, 3)), *range(next_id, next_id + num_blocks - 1)]
+        next_id += num_blocks
+        prompt = 512 * (num_blocks - 1) + int(rng.integers(1, 513))
+        out.append(Request(i, prompt, int(rng.integers(5, 300)), t, tuple(ids)))
+    return tuple(out)
+
+
+def _run(trace, spec, cfg, fast: bool, monkeypatch, **kw):
+    shapes, managers, steps = [], [], [0]
+
+    def step_time_s(shape) -> float:  # depends on the whole shape, so any change moves the clock
+        shapes.append(shape)
+        return 0.004 + 1e-6 * sum(shape.decode_context_lens) + 3e-6 * shape.num_prefill_tokens
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    real_step = EngineCore.step
+
+    def counting_step(self):
+        steps[0] += 1
+        return real_step(self)
+
+    monkeypatch.setattr(EngineCore, "step", counting_step)
+    result = simulate(trace, spec, cfg, step_time_s=step_time_s, account=False, make_manager=manager,
+                      fast_forward=fast, **kw)
+    (bm,) = managers
+    return result, shapes, bm, steps[0]
+
+
+def _check_identical(trace, spec, cfg, monkeypatch, max_steps_share=1 / 3, **kw):
+    slow, slow_shapes, slow_bm, slow_steps = _run(trace, spec, cfg, False, monkeypatch, **kw)
+    fast, fast_shapes, fast_bm, fast_steps = _run(trace, spec, cfg, True, monkeypatch, **kw)
+    assert fast_shapes == slow_shapes  # the schedule, step by step
+    assert fast == slow  # finish times (latencies), preemptions, steps, clock, tokens
+    assert fast_bm.metrics() == slow_bm.metrics()
+    if hasattr(slow_bm, "free_block_ids"):  # the pool's order: the same blocks, the same ids
+        assert fast_bm.free_block_ids() == slow_bm.free_block_ids()
+    assert slow.num_finished == len(trace)
+    assert fast_steps < slow_steps * max_steps_share, (fast_steps, slow_steps)  # it did skip steps
+    return slow, slow_bm
+
+
+@pytest.mark.parametrize("policy", ["mixed", "separate"])
+def test_identical_on_a_trace_that_preempts(policy, monkeypatch):
+    trace = workloads.synthetic("sharegpt", 120, rate=40.0, seed=1, max_seq_len=1024)
+    cfg = SimConfig(kv_slots=3000, max_seq_len=1024, policy=policy, max_num_seqs=64)
+    result, _ = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch)
+    assert result.num_preemptions > 10
+
+
+def test_identical_with_prefix_sharing_and_preemption(monkeypatch):
+    trace = _mooncake_like(80, seed=2)
+    cfg = SimConfig(kv_slots=9000, max_seq_len=4096, enable_prefix_caching=True, max_num_seqs=32)
+    # a head refused memory is only skipped over without a prefix cache (a hit may appear as blocks are
+    # published), so fewer steps are skipped here
+    result, bm = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.8,
+                                  prompt_tokens=trace_formats.prompt_token_ids)
+    assert bm.metrics().prefix_hit_tokens > 0 and result.num_preemptions > 0
+
+
+@pytest.mark.parametrize("policy", ["max", "pow2"])
+def test_identical_with_orca_reservations(policy, monkeypatch):
+    trace = workloads.synthetic("sharegpt", 60, rate=20.0, seed=3, max_seq_len=512)
+    cfg = SimConfig(kv_slots=4096, max_seq_len=512, max_num_seqs=16)
+    _check_identical(trace, AllocatorSpec("orca", 1, policy), cfg, monkeypatch)
+
+
+def test_no_fast_forward_past_the_window_without_drain(monkeypatch):
+    trace = workloads.synthetic("sharegpt", 40, rate=20.0, seed=4, max_seq_len=512)
+    cfg = SimConfig(kv_slots=8000, max_seq_len=512, drain=False)
+    slow, *_ = _run(trace, AllocatorSpec("paged", 16), cfg, False, monkeypatch)
+    fast, *_ = _run(trace, AllocatorSpec("paged", 16), cfg, True, monkeypatch)
+    assert fast == slow and slow.num_finished < len(trace)
+
+
+def test_accounting_runs_step_by_step():
+    trace = workloads.synthetic("sharegpt", 10, seed=5, max_seq_len=512)
+    cfg = SimConfig(kv_slots=8000, max_seq_len=512)
+    a = simulate(trace, AllocatorSpec("paged", 16), cfg, fast_forward=True, record_steps=True)
+    b = simulate(trace, AllocatorSpec("paged", 16), cfg, fast_forward=False, record_steps=True)
+    assert a == b and len(a.steps) == a.num_steps
+
+
+def test_append_tokens_matches_one_call_per_token():
+    from pagedbench.refengine import BlockManager
+    from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
+
+    one, bulk = BlockManager(8, 4, enable_prefix_caching=True), BlockManager(8, 4, enable_prefix_caching=True)
+    for bm in (one, bulk):
+        bm.allocate(0, [1, 2, 3])
+    for t in [5, 6, 7, 8, 9, 10]:
+        one.append_token(0, t)
+    bulk.append_tokens(0, [5, 6, 7, 8, 9, 10])
+    assert bulk.block_table(0) == one.block_table(0) and bulk.metrics() == one.metrics()
+    assert bulk.token_ids(0) == one.token_ids(0) and bulk.free_block_ids() == one.free_block_ids()
+    with pytest.raises(OutOfBlocksError, match="needs 6 new blocks for 24 tokens but only 5 are free"):
+        bulk.append_tokens(0, [1] * 24)
+    assert bulk.metrics() == one.metrics()  # a refused call changes nothing
+    bulk.fork(0, 1)
+    with pytest.raises(InvalidArgumentError, match="shares its last block"):
+        bulk.append_tokens(1, [1])
+
+
+def test_simresult_is_comparable():
+    # the identity checks compare SimResults whole: every field must take part in equality
+    assert all(f.compare for f in dataclasses.fields(serving_sim.SimResult))
+
+
+def test_record_refused_allocations_counts_as_refused_calls():
+    from pagedbench.refengine import BlockManager, ContiguousBlockManager
+    from pagedbench.refengine.errors import InvalidArgumentError
+
+    for bm in (BlockManager(2, 4), ContiguousBlockManager(8, 1, max_seq_len=8)):
+        bm.record_refused_allocations(3)
+        assert bm.metrics().failed_allocations == 3
+        with pytest.raises(InvalidArgumentError, match="count must be an int >= 0, got -1"):
+            bm.record_refused_allocations(-1)
