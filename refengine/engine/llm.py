@@ -118,7 +118,8 @@ class LLM:
         self.check_invariants = bool(check_invariants)
         self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size)
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
-                               seed=seed, make_generator=self.executor.make_generator)
+                               seed=seed, make_generator=self.executor.make_generator,
+                               rewind_generator=self.executor.rewind_generator)
         self._recorder = StatsRecorder()
 
     # --- public ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.step_inputs import HostBlockTables
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
-from pagedbench.refengine.model.sampling import child_generator, sample_batch
+from pagedbench.refengine.model.sampling import child_generator, rewind_generator, sample_batch
 
 
 class ModelExecutor:
@@ -39,6 +39,10 @@ class ModelExecutor:
     @staticmethod
     def make_generator(base_seed: int, child_index: int) -> torch.Generator:
         return child_generator(base_seed, child_index)
+
+    @staticmethod
+    def rewind_generator(generator: torch.Generator, num_draws: int) -> None:
+        rewind_generator(generator, num_draws)
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         if out.copies:
