@@ -216,6 +216,8 @@ class EngineCore:
         rolled back (see the module docstring) and the exception re-raised."""
         clock = self.clock
         start = clock.now()
+        if self.rolled_back:
+            self.rolled_back = ()
         try:
             out = self.scheduler.schedule()
             result = self.executor.execute(out)

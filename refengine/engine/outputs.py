@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FINISH_REASONS = ("length", "stop", "eos")
+FINISH_REASONS = ("length", "stop", "eos", "abort")
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,7 +13,8 @@ class CompletionOutput:
 
     ``finish_reason``: "length" (``max_tokens`` reached, or the model's maximum length), "stop" (a
     ``stop_token_ids`` token was generated; it is the last of ``token_ids``), "eos" (the model's EOS
-    token was generated; it is the last of ``token_ids``).
+    token was generated; it is the last of ``token_ids``), "abort" (``LLM.abort``, or its request's
+    ``error`` was set by a failed step: ``token_ids`` holds what was generated until then).
     """
 
     token_ids: list[int]  # generated tokens (the prompt excluded)
@@ -28,7 +29,8 @@ class RequestOutput:
 
     A rejected request has ``error`` set (why: empty prompt, token outside the vocabulary, too long,
     can never fit the KV pool, ...), ``outputs == []`` and ``num_cached_tokens == 0``; the other
-    requests of the same ``generate`` call are unaffected.
+    requests of the same ``generate`` call are unaffected. A request aborted after a failed step has
+    ``error`` set too (the failure), and its ``outputs`` end with ``finish_reason == "abort"``.
     """
 
     request_id: int  # unique within one LLM
