@@ -65,10 +65,12 @@ class StepShape:
 class StepResult:
     """What an executor returns: ``sampled`` maps seq_id -> new token for every sequence that sampled
     (the children of a just-prefilled parallel-sampling request included); ``elapsed_s`` is the step's
-    modelled duration (None: the step took real time, read from the wall clock)."""
+    modelled duration (None: the step took real time, read from the wall clock); ``logprobs`` maps
+    seq_id -> ``{token_id: logprob}`` for each sequence that sampled and asked for logprobs."""
 
     sampled: Mapping[int, int]
     elapsed_s: float | None = None
+    logprobs: Mapping[int, dict[int, float]] | None = None
 
 
 class Executor(Protocol):
@@ -146,6 +148,16 @@ class SimulatedExecutor:
         return StepResult(sampled, self.step_time_s(StepShape.of(out)))
 
 
+def _record_logprobs(out: SchedulerOutput, logprobs: Mapping[int, dict[int, float]]) -> None:
+    """Give each sequence that sampled its step's logprobs (before the update forks children)."""
+    for c in out.chunks:
+        if c.samples:
+            for s in (c.seq, *c.seq.pending_children):
+                entry = logprobs.get(s.seq_id)
+                if entry is not None and s.logprobs is not None:
+                    s.logprobs.append(entry)
+
+
 class EngineCore:
     """Requests in, steps out: builds each request's sequences and runs the loop on ``clock``.
 
@@ -190,7 +202,8 @@ class EngineCore:
         for i in range(params.n):
             gen = None if params.greedy or make is None else make(base, i)
             req.children.append(Sequence(self.next_seq_id, request_id, i, list(token_ids), len(token_ids),
-                                         params, gen, cache_salt=cache_salt))
+                                         params, gen, cache_salt=cache_salt,
+                                         logprobs=None if params.logprobs is None else []))
             self.next_seq_id += 1
         if self.can_fork:
             req.children[0].pending_children = req.children[1:]
@@ -223,6 +236,8 @@ class EngineCore:
             result = self.executor.execute(out)
             if result.elapsed_s is not None:
                 clock.advance(result.elapsed_s)
+            if result.logprobs:
+                _record_logprobs(out, result.logprobs)
             finished = self.scheduler.update(out, result.sampled)
         except BaseException:
             self._roll_back()

@@ -305,6 +305,8 @@ class LLM:
             return f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}"
         if len(ids) > self.max_model_len:
             return f"prompt of {len(ids)} tokens exceeds the maximum length {self.max_model_len}"
+        if params.logprobs is not None and params.logprobs > vocab:
+            return f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}"
         if params.n > self.max_num_seqs:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
         held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored

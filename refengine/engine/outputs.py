@@ -21,6 +21,10 @@ class CompletionOutput:
     finish_reason: str  # one of FINISH_REASONS
     index: int = 0  # child index in [0, n)
     text: str | None = None  # the decoded tokens when the model folder has a tokenizer
+    # with SamplingParams(logprobs=k): per generated token, {token_id: logprob} of the sampled token and
+    # the k most likely (the model's raw distribution, before temperature/top-k/top-p; vLLM v1's default)
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs (with logprobs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -405,8 +405,11 @@ class Scheduler:
         seqs = []
         for chunk in plan:
             seq = chunk.seq
-            if chunk.samples:  # the update may have appended the step's token
+            if chunk.samples:  # the update may have appended the step's token, the loop its logprobs
                 del seq.token_ids[chunk.end:]
+                for s in (seq, *seq.pending_children):  # children not forked yet got logprobs too
+                    if s.logprobs is not None:
+                        del s.logprobs[s.num_output_tokens:]
             if bm.has_sequence(seq.seq_id):
                 bm.free(seq.seq_id)
             seq.finish_reason = None

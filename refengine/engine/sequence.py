@@ -51,6 +51,8 @@ class Sequence:
     finish_s: float | None = None  # the engine clock when it finished
     # children still to be forked from this one when its prompt's prefill completes (parallel sampling)
     pending_children: list[Sequence] = field(default_factory=list)
+    # with SamplingParams.logprobs: one {token_id: logprob} per generated token (else None)
+    logprobs: list[dict[int, float]] | None = None
 
     @property
     def priority(self) -> tuple[int, int]:

@@ -27,8 +27,8 @@ def workload():
     sampling, long enough prompts to be chunked, in a pool tight enough to preempt (see the fault-free run)."""
     a = [(5 * i + 3) % 256 for i in range(11)]
     prompts = [[1, 2, 3, 4, 5], a, [*a[:8], 9, 9], [(7 * i) % 256 for i in range(6)]]
-    params = [SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10, ignore_eos=True),
-              SamplingParams(max_tokens=9, ignore_eos=True),
+    params = [SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=10, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=9, ignore_eos=True, logprobs=0),
               SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, ignore_eos=True),  # derived seed
               SamplingParams(n=2, temperature=1.0, top_k=20, seed=7, max_tokens=7, ignore_eos=True)]
     return prompts, params
@@ -122,7 +122,11 @@ def serve(llm: LLM, prompts, params, *, fault: Fault | None = None, fail_at: int
         steps += 1
         assert steps < 200, "no progress"
     assert llm.stats.num_used_blocks == 0
-    return [[c.token_ids for c in r.output().outputs] for r in reqs], steps
+    outs = [r.output().outputs for r in reqs]
+    for c in (c for cs in outs for c in cs):
+        if c.logprobs is not None:  # one entry per token, whatever was rolled back or recomputed
+            assert [t in e for t, e in zip(c.token_ids, c.logprobs)] == [True] * len(c.token_ids)
+    return [[(c.token_ids, c.logprobs and [sorted(e) for e in c.logprobs]) for c in cs] for cs in outs], steps
 
 
 @pytest.fixture(scope="module")
