@@ -200,8 +200,9 @@ class LLM:
         return [r.output(self.tokenizer) for r in requests]
 
     def _after_failed_step(self, exc: Exception, failures: dict[int, int], max_retries: int) -> list[Sequence]:
-        """Abort the requests of a rolled-back step that ran out of retries (every queued request when
-        the failure touched none: nothing else would stop it recurring); returns their sequences."""
+        """Count a failed step against the requests it touched (every queued one when it touched none,
+        e.g. planning failed at its first admission) and abort those out of retries; returns their
+        sequences."""
         core = self.core
         touched = {s.request_id for s in core.rolled_back} or set(core.requests)
         why = f"a step failed: {type(exc).__name__}: {exc}"
@@ -209,7 +210,7 @@ class LLM:
         for rid in sorted(touched):
             failures[rid] = failures.get(rid, 0) + 1
             req = core.requests.get(rid)
-            if req is not None and (failures[rid] > max_retries or not core.rolled_back):
+            if req is not None and failures[rid] > max_retries:
                 req.error = why
                 core.abort(rid)
                 ended.extend(req.children)

@@ -1,4 +1,4 @@
-"""A step is a transaction: a step that raises at any seam (building its inputs, the forward before or
+"""A step is a transaction: a step that raises at any seam (planning, building its inputs, the forward before or
 after some layers wrote KV, the copy-on-write block copy, the sampler, the scheduler's update) is rolled
 back, and stepping on gives every request exactly the tokens of a fault-free run, seeded sampling
 included, with the block manager's invariants and the executor's block tables checked after every step."""
@@ -57,7 +57,10 @@ class Fault:
 
 def plant(llm: LLM, seam: str, fault: Fault, monkeypatch) -> None:
     """Make ``seam`` of ``llm``'s step call ``fault.hit()`` (after the seam's work where it has any)."""
-    if seam == "inputs":
+    if seam == "planning":  # an admission or an append refused half way through the plan
+        monkeypatch.setattr(llm.scheduler, "block_manager", Failing(llm.block_manager, fault, before=True,
+                                                                    names=("allocate", "append_token")))
+    elif seam == "inputs":
         real = llm.executor.tables.step_inputs
         monkeypatch.setattr(llm.executor.tables, "step_inputs", lambda out: (fault.hit(), real(out))[1])
     elif seam == "forward":  # nothing written yet
@@ -82,27 +85,36 @@ def plant(llm: LLM, seam: str, fault: Fault, monkeypatch) -> None:
         real = llm.scheduler.update
         monkeypatch.setattr(llm.scheduler, "update", lambda *a: (real(*a), fault.hit())[0])
     elif seam == "mid-update":  # part of the update applied: the first publish done
-        monkeypatch.setattr(llm.scheduler, "block_manager", FailingPublish(llm.block_manager, fault))
+        monkeypatch.setattr(llm.scheduler, "block_manager", Failing(llm.block_manager, fault, before=False,
+                                                                    names=("publish_blocks",)))
     else:
         raise ValueError(seam)
 
 
-class FailingPublish:
-    """The scheduler's view of a block manager whose ``publish_blocks`` calls ``fault.hit()`` after it
-    published (the block manager itself is slotted: its methods cannot be patched)."""
+class Failing:
+    """The scheduler's view of a block manager whose methods ``names`` call ``fault.hit()`` before or after
+    their work (the block manager itself is slotted: its methods cannot be patched)."""
 
-    def __init__(self, inner, fault: Fault) -> None:
-        self.inner, self.fault = inner, fault
+    def __init__(self, inner, fault: Fault, *, before: bool, names: tuple[str, ...]) -> None:
+        self.inner, self.fault, self.before, self.names = inner, fault, before, names
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)
+        real = getattr(self.inner, name)
+        if name not in self.names:
+            return real
 
-    def publish_blocks(self, *a) -> None:
-        self.inner.publish_blocks(*a)
-        self.fault.hit()
+        def call(*a, **kw):
+            if self.before:
+                self.fault.hit()
+            result = real(*a, **kw)
+            if not self.before:
+                self.fault.hit()
+            return result
+        return call
 
 
-def serve(llm: LLM, prompts, params, *, fault: Fault | None = None, fail_at: int = -1) -> tuple[list, int]:
+def serve(llm: LLM, prompts, params, *, fault: Fault | None = None, fail_at: int = -1,
+          seam: str = "") -> tuple[list, int]:
     """Each request's completions' tokens and the number of steps that succeeded; the step numbered
     ``fail_at`` (counting every attempt) runs with ``fault`` armed. Checks that nothing leaked."""
     reqs = [llm.core.new_request(p, sp) for p, sp in zip(prompts, params)]
@@ -117,7 +129,8 @@ def serve(llm: LLM, prompts, params, *, fault: Fault | None = None, fail_at: int
             llm.step()
         except Injected:
             llm.block_manager.check_invariants()
-            assert llm.core.rolled_back, "a failed step rolled nothing back"
+            # planning may fail before it gave any sequence a chunk: nothing to roll back then
+            assert llm.core.rolled_back or seam == "planning", "a failed step rolled nothing back"
             continue
         steps += 1
         assert steps < 200, "no progress"
@@ -138,7 +151,7 @@ def fault_free(loaded):
     return want, steps
 
 
-SEAMS = ("inputs", "forward", "mid-forward", "copy", "sampler", "update", "mid-update")
+SEAMS = ("planning", "inputs", "forward", "mid-forward", "copy", "sampler", "update", "mid-update")
 
 
 @pytest.mark.parametrize("seam", SEAMS)
@@ -150,11 +163,11 @@ def test_a_failed_step_at_every_step_and_seam_changes_no_token(loaded, fault_fre
         llm = make_llm(loaded)
         fault = Fault()
         plant(llm, seam, fault, monkeypatch)
-        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at)
+        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)
         assert got == want, f"{seam} failing at step {fail_at}"
         fired += fault.fired
-    # the copy, the sampler and publishing are reached only in some steps
-    least = 2 if seam in ("copy", "sampler", "mid-update") else num_steps
+    # admissions and appends, the copy, the sampler and publishing are reached only in some steps
+    least = 2 if seam in ("planning", "copy", "sampler", "mid-update") else num_steps
     assert fired >= least, f"the {seam} fault fired {fired} times in {num_steps} runs"
 
 
@@ -170,7 +183,7 @@ def test_faults_under_other_configurations(loaded, seam, kw, monkeypatch):
         llm = make_llm(loaded, **kw)
         fault = Fault()
         plant(llm, seam, fault, monkeypatch)
-        assert serve(llm, prompts, params, fault=fault, fail_at=fail_at)[0] == want, f"step {fail_at}"
+        assert serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)[0] == want, f"step {fail_at}"
 
 
 def test_a_failed_copy_on_write_copy_does_not_change_the_tokens(loaded, monkeypatch):
