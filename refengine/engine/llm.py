@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
-from pagedbench.refengine.engine.core import EngineCore, WallClock
+from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.progress import GenerateProgress, wants_bar
@@ -184,9 +184,11 @@ class LLM:
         try:
             while self.scheduler.has_unfinished():
                 try:
-                    finished = self._step()
+                    report = self.core.step()
                 except Exception as exc:  # the step was rolled back
                     finished = self._after_failed_step(exc, failures, max_step_retries)
+                else:  # a broken invariant is no step failure: it propagates
+                    finished = self._after_step(report)
                 if bar is not None:
                     bar.update(finished)
         except BaseException:
@@ -237,12 +239,11 @@ class LLM:
         back first (its requests stay queued), so the caller may step on."""
         start = self.core.clock.now()
         try:
-            return self._step()
+            return self._after_step(self.core.step())
         finally:
             self._recorder.elapsed(self.core.clock.now() - start)
 
-    def _step(self) -> list[Sequence]:
-        report = self.core.step()
+    def _after_step(self, report: StepReport) -> list[Sequence]:
         self._recorder.step(report.output, len(report.sampled), self.scheduler, self.block_manager)
         if self.check_invariants:
             self.block_manager.check_invariants()

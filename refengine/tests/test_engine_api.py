@@ -91,6 +91,25 @@ def test_interrupts_propagate_after_cleanup(loaded, monkeypatch, exc):
     assert [o.outputs[0].token_ids for o in llm.generate([prompt(5, 1)], GREEDY)] == want
 
 
+def test_a_broken_invariant_is_not_taken_for_a_failed_step(loaded):
+    """A failure after a step succeeded (the invariant check) is a bug, not a request's error: generate
+    raises it, leaving nothing queued."""
+    llm = LLM(loaded, block_size=4, num_blocks=32, check_invariants=True)
+    bm = llm.block_manager
+
+    class Broken:
+        def __getattr__(self, name):
+            return getattr(bm, name)
+
+        def check_invariants(self):
+            raise AssertionError("ref counts differ")
+
+    llm.block_manager = Broken()
+    with pytest.raises(AssertionError, match="ref counts differ"):
+        llm.generate([prompt(5, 1)], GREEDY, max_step_retries=3)
+    assert bm.num_used_blocks == 0 and not llm.scheduler.has_unfinished()
+
+
 def test_generate_argument_errors(loaded):
     llm = LLM(loaded, block_size=4, num_blocks=32)
     for bad in (-1, 1.5, True, None):
