@@ -11,7 +11,8 @@ token in the step that brings ``num_computed_tokens`` to ``len(token_ids)``.
 
 Preemption (recompute) frees the blocks and sets both counts to 0: on re-admission the prompt *and*
 the tokens generated so far are allocated and computed again as one prompt, and the generator is kept,
-so the sequence continues exactly as it would have without preemption.
+so the sequence continues exactly as it would have without preemption. A failed step is undone the same
+way (``Scheduler.roll_back``), with the tokens, logprobs and generator state it had before that step.
 """
 
 from __future__ import annotations
