@@ -9,6 +9,10 @@ sampled tokens, never deciding anything. Two executors plug into the same loop:
   filler (requests end at their ``max_tokens``), and its duration from a step-cost model; the loop's
   :class:`SimClock` advances by that duration (the serving simulator).
 
+A step is a transaction: one that raises (in planning, the executor or the update) is rolled back by
+recompute-preempting every sequence it touched (:meth:`Scheduler.roll_back`) and rewinding their
+generators, then the exception propagates; the next step is planned as if the failed one never was.
+
 Nothing here imports torch: a simulation of hours of serving runs the real scheduler and KV manager
 with nothing else.
 """
@@ -61,10 +65,12 @@ class StepShape:
 class StepResult:
     """What an executor returns: ``sampled`` maps seq_id -> new token for every sequence that sampled
     (the children of a just-prefilled parallel-sampling request included); ``elapsed_s`` is the step's
-    modelled duration (None: the step took real time, read from the wall clock)."""
+    modelled duration (None: the step took real time, read from the wall clock); ``logprobs`` maps
+    seq_id -> ``{token_id: logprob}`` for each sequence that sampled and asked for logprobs."""
 
     sampled: Mapping[int, int]
     elapsed_s: float | None = None
+    logprobs: Mapping[int, dict[int, float]] | None = None
 
 
 class Executor(Protocol):
@@ -142,25 +148,43 @@ class SimulatedExecutor:
         return StepResult(sampled, self.step_time_s(StepShape.of(out)))
 
 
+def _record_logprobs(out: SchedulerOutput, logprobs: Mapping[int, dict[int, float]]) -> None:
+    """Give each sequence that sampled its step's logprobs (before the update forks children)."""
+    for c in out.chunks:
+        if c.samples:
+            for s in (c.seq, *c.seq.pending_children):
+                entry = logprobs.get(s.seq_id)
+                if entry is not None and s.logprobs is not None:
+                    s.logprobs.append(entry)
+
+
 class EngineCore:
     """Requests in, steps out: builds each request's sequences and runs the loop on ``clock``.
 
     ``can_fork``: the KV manager shares blocks (paged), so the children of an ``n > 1`` request fork
     from child 0 once its prompt is computed; otherwise every child computes the prompt itself.
     ``make_generator(base_seed, child_index)``: a sampled child's own sampler state (the model
-    executor's torch generator; None in a simulation).
+    executor's torch generator; None in a simulation); ``rewind_generator(generator, num_draws)`` puts
+    one back to where it was after ``num_draws`` draws (after a failed step).
+
+    ``requests``: the requests queued and not finished, by id. ``rolled_back``: the sequences the last
+    failed step touched (now waiting again), empty until a step fails.
     """
 
     def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None, can_fork: bool = True,
-                 seed: int = 0, make_generator: Callable[[int, int], object] | None = None) -> None:
+                 seed: int = 0, make_generator: Callable[[int, int], object] | None = None,
+                 rewind_generator: Callable[[object, int], None] | None = None) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock if clock is not None else WallClock()
         self.can_fork = can_fork
         self.seed = seed
         self.make_generator = make_generator
+        self.rewind_generator = rewind_generator
         self.next_request_id = 0
         self.next_seq_id = 0
+        self.requests: dict[int, Request] = {}
+        self.rolled_back: tuple[Sequence, ...] = ()
 
     def new_request(self, token_ids: list[int], params: SamplingParams, *, prompt: str | None = None,
                     error: str | None = None, cache_salt: str | None = None,
@@ -178,7 +202,8 @@ class EngineCore:
         for i in range(params.n):
             gen = None if params.greedy or make is None else make(base, i)
             req.children.append(Sequence(self.next_seq_id, request_id, i, list(token_ids), len(token_ids),
-                                         params, gen, cache_salt=cache_salt))
+                                         params, gen, cache_salt=cache_salt,
+                                         logprobs=None if params.logprobs is None else []))
             self.next_seq_id += 1
         if self.can_fork:
             req.children[0].pending_children = req.children[1:]
@@ -191,6 +216,8 @@ class EngineCore:
         """Queue a request's sequences (arrival now, unless the request says when)."""
         if req.arrival_s is None:
             req.arrival_s = self.clock.now()
+        if req.queued:
+            self.requests[req.request_id] = req
         for seq in req.queued:
             self.scheduler.add(seq)
 
@@ -198,17 +225,51 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def step(self) -> StepReport:
+        """Plan, run and record one step; on any exception (KeyboardInterrupt included) the step is
+        rolled back (see the module docstring) and the exception re-raised."""
         clock = self.clock
         start = clock.now()
-        out = self.scheduler.schedule()
-        result = self.executor.execute(out)
-        if result.elapsed_s is not None:
-            clock.advance(result.elapsed_s)
-        finished = self.scheduler.update(out, result.sampled)
+        if self.rolled_back:
+            self.rolled_back = ()
+        try:
+            out = self.scheduler.schedule()
+            result = self.executor.execute(out)
+            if result.elapsed_s is not None:
+                clock.advance(result.elapsed_s)
+            if result.logprobs:
+                _record_logprobs(out, result.logprobs)
+            finished = self.scheduler.update(out, result.sampled)
+        except BaseException:
+            self._roll_back()
+            raise
         end = clock.now()
+        requests = self.requests
         for seq in finished:
             seq.finish_s = end
+            req = requests.get(seq.request_id)
+            if req is not None and req.finished:
+                del requests[seq.request_id]
         return StepReport(out, result.sampled, tuple(finished), start, end)
+
+    def _roll_back(self) -> None:
+        seqs = self.scheduler.roll_back()
+        rewind = self.rewind_generator
+        if rewind is not None:
+            for seq in seqs:
+                for s in (seq, *seq.pending_children):
+                    if s.generator is not None:
+                        rewind(s.generator, s.num_output_tokens)
+        self.rolled_back = tuple(seqs)
+
+    def abort(self, request_id: int) -> bool:
+        """Abort a queued request in any state: its sequences end with ``"abort"`` and their blocks are
+        freed now. Returns False when it is not queued (finished, aborted, or never added)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.abort(request_id)
+        return True
 
     def abort_all(self) -> None:
         self.scheduler.abort_all()
+        self.requests.clear()

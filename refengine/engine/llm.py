@@ -18,6 +18,12 @@ that could never fit the KV pool even alone, ``n > max_num_seqs``, a string with
 never run: their :class:`RequestOutput` has ``error`` set and no outputs, and the rest of the batch
 completes. ``generate(..., strict=True)`` instead raises :class:`InvalidRequestError` listing every bad
 request before running anything.
+
+A step that raises is rolled back (see ``engine/core.py``): the requests it touched are back in the
+queue as if it had never been planned. ``generate`` then retries each of them through at most
+``max_step_retries`` failed steps; past that a request is aborted with ``error`` naming the failure,
+and the rest of the batch completes. ``KeyboardInterrupt`` and ``SystemExit`` abort every request
+(their blocks freed) and propagate.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
-from pagedbench.refengine.engine.core import EngineCore, WallClock
+from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.progress import GenerateProgress, wants_bar
@@ -45,6 +51,7 @@ from pagedbench.refengine.model.config import resolve_dtype
 from pagedbench.refengine.model.loader import LoadedModel, load_model
 
 ALLOCATORS = ("paged", "contiguous")
+POLICIES = Scheduler.POLICIES
 
 
 def poison_from_env() -> bool:
@@ -79,16 +86,30 @@ class LLM:
     ``poison_kv_cache``: fill the KV pool with NaN, so a read of a slot nobody wrote shows as NaN logits
     (debugging, tests: a full pass over the pool's memory); None: on when the environment sets
     ``PAGEDBENCH_POISON_KV=1`` (the test suite's conftest does), else the pool is left zeroed by the OS.
+
+    Scheduling: ``policy`` ("mixed": prefill chunks ride in decode steps, as vLLM today; "separate":
+    a step is prompts or decodes, as vLLM v0.1) and ``watermark_blocks`` (free blocks admission keeps
+    for running sequences' growth; paged allocator only), with ``max_num_seqs`` and
+    ``max_num_batched_tokens`` (see ``engine/scheduler.py``).
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory: int | None = None, enable_prefix_caching: bool = True,
                  allocator: str = "paged", attention_backend=None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
-                 max_model_len: int | None = None, check_invariants: bool = False,
-                 batch_invariant: bool = False, poison_kv_cache: bool | None = None) -> None:
+                 max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
+                 watermark_blocks: int = 0, batch_invariant: bool = False,
+                 poison_kv_cache: bool | None = None) -> None:
+        # every argument checked before the model loads
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+        if isinstance(watermark_blocks, bool) or not isinstance(watermark_blocks, int) or watermark_blocks < 0:
+            raise InvalidArgumentError(f"watermark_blocks must be an int >= 0, got {watermark_blocks!r}")
+        if watermark_blocks and allocator != "paged":
+            raise InvalidArgumentError(f"watermark_blocks applies to the paged allocator only, got "
+                                       f"watermark_blocks={watermark_blocks} with allocator={allocator!r}")
         self.block_size = _positive("block_size", block_size)
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
@@ -116,6 +137,9 @@ class LLM:
         self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.block_size,
                               self.model.dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory,
                               poison=poison_from_env() if poison_kv_cache is None else bool(poison_kv_cache))
+        if watermark_blocks >= self.pool.num_blocks:
+            raise InvalidArgumentError(f"watermark_blocks must be below the pool's {self.pool.num_blocks} "
+                                       f"blocks (it would admit nothing), got {watermark_blocks}")
         self.allocator = allocator
         self.enable_prefix_caching = bool(enable_prefix_caching) and allocator == "paged"
         if allocator == "paged":
@@ -128,13 +152,14 @@ class LLM:
             self.block_manager, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
-            prefix_caching=self.enable_prefix_caching)
+            prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks)
         self.check_invariants = bool(check_invariants)
         self.batch_invariant = bool(batch_invariant)
         self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
                                       batch_invariant=self.batch_invariant)
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
-                               seed=seed, make_generator=self.executor.make_generator)
+                               seed=seed, make_generator=self.executor.make_generator,
+                               rewind_generator=self.executor.rewind_generator)
         self._recorder = StatsRecorder()
 
     # --- public ------------------------------------------------------------------------------------
@@ -144,14 +169,18 @@ class LLM:
         return self._recorder.snapshot(self.block_manager, self.scheduler)
 
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 strict: bool = False, use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 strict: bool = False, use_tqdm: bool | None = None,
+                 max_step_retries: int = 0) -> list[RequestOutput]:
         """Serve ``prompts`` (a list of token-id lists, or of strings when the model has a tokenizer).
 
         ``sampling_params``: one for every prompt, or a list with one per prompt (None = defaults).
-        Returns one RequestOutput per prompt, in order; see the module docstring for bad requests.
-        ``use_tqdm``: a progress bar on stderr (finished requests, output tokens/s); None shows it for
-        more than 8 requests, False never.
+        Returns one RequestOutput per prompt, in order; see the module docstring for bad requests and
+        failed steps. ``max_step_retries``: how many failed steps a request may be part of and still be
+        served (0: the first aborts it with ``error`` set). ``use_tqdm``: a progress bar on stderr
+        (finished requests, output tokens/s); None shows it for more than 8 requests, False never.
         """
+        if isinstance(max_step_retries, bool) or not isinstance(max_step_retries, int) or max_step_retries < 0:
+            raise InvalidArgumentError(f"max_step_retries must be an int >= 0, got {max_step_retries!r}")
         start = self.core.clock.now()
         prompts, params = self._normalise(prompts, sampling_params)
         requests = [self._make_request(p, sp) for p, sp in zip(prompts, params)]
@@ -167,13 +196,19 @@ class LLM:
         bar = None
         if wants_bar(use_tqdm, len(requests)):
             bar = GenerateProgress(requests, lambda: self._recorder.generated)
+        failures: dict[int, int] = {}  # request id -> failed steps it was part of
         try:
             while self.scheduler.has_unfinished():
-                finished = self._step()
+                try:
+                    report = self.core.step()
+                except Exception as exc:  # the step was rolled back
+                    finished = self._after_failed_step(exc, failures, max_step_retries)
+                else:  # a broken invariant is no step failure: it propagates
+                    finished = self._after_step(report)
                 if bar is not None:
                     bar.update(finished)
         except BaseException:
-            self.core.abort_all()  # a failed step (or Ctrl-C) leaves no request or block behind
+            self.core.abort_all()  # Ctrl-C, SystemExit: no request or block left behind
             raise
         finally:
             if bar is not None:
@@ -182,16 +217,49 @@ class LLM:
         self._check_no_leak()
         return [r.output(self.tokenizer) for r in requests]
 
+    def _after_failed_step(self, exc: Exception, failures: dict[int, int], max_retries: int) -> list[Sequence]:
+        """Count a failed step against the requests it touched (every queued one when it touched none,
+        e.g. planning failed at its first admission) and abort those out of retries; returns their
+        sequences."""
+        core = self.core
+        touched = {s.request_id for s in core.rolled_back} or set(core.requests)
+        why = f"a step failed: {type(exc).__name__}: {exc}"
+        ended: list[Sequence] = []
+        for rid in sorted(touched):
+            failures[rid] = failures.get(rid, 0) + 1
+            req = core.requests.get(rid)
+            if req is not None and failures[rid] > max_retries:
+                req.error = why
+                core.abort(rid)
+                ended.extend(req.children)
+        return ended
+
+    def abort(self, request_id: int) -> bool:
+        """Abort request ``request_id`` in any state (waiting, preempted, running, mid-prefill): its
+        blocks are freed now and its completions end with ``finish_reason="abort"``, keeping the
+        tokens generated so far (``Request.output()``). Returns False when it was not queued (already
+        finished or aborted, or never added); an id this engine never issued is an error."""
+        if isinstance(request_id, bool) or not isinstance(request_id, int):
+            raise InvalidArgumentError(f"request_id must be an int, got {type(request_id).__name__}")
+        if not 0 <= request_id < self.core.next_request_id:
+            raise InvalidArgumentError(
+                f"unknown request_id {request_id}: this engine issued ids 0..{self.core.next_request_id - 1}")
+        return self.core.abort(request_id)
+
+    def abort_all(self) -> None:
+        """Abort every queued request (see :meth:`abort`)."""
+        self.core.abort_all()
+
     def step(self) -> list[Sequence]:
-        """Run one engine step; returns the sequences that finished in it."""
+        """Run one engine step; returns the sequences that finished in it. A step that raises is rolled
+        back first (its requests stay queued), so the caller may step on."""
         start = self.core.clock.now()
         try:
-            return self._step()
+            return self._after_step(self.core.step())
         finally:
             self._recorder.elapsed(self.core.clock.now() - start)
 
-    def _step(self) -> list[Sequence]:
-        report = self.core.step()
+    def _after_step(self, report: StepReport) -> list[Sequence]:
         self._recorder.step(report.output, len(report.sampled), self.scheduler, self.block_manager)
         if self.check_invariants:
             self.block_manager.check_invariants()
@@ -255,6 +323,8 @@ class LLM:
             return f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}"
         if len(ids) > self.max_model_len:
             return f"prompt of {len(ids)} tokens exceeds the maximum length {self.max_model_len}"
+        if params.logprobs is not None and params.logprobs > vocab:
+            return f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}"
         if params.n > self.max_num_seqs:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
         held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored

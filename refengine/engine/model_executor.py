@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 from pagedbench.refengine.engine.core import StepResult
+from pagedbench.refengine.engine.logprobs import token_logprobs
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.step_inputs import HostBlockTables
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
-from pagedbench.refengine.model.sampling import child_generator, sample_batch
+from pagedbench.refengine.model.sampling import child_generator, rewind_generator, sample_batch
 
 
 class ModelExecutor:
@@ -45,13 +46,17 @@ class ModelExecutor:
     def make_generator(base_seed: int, child_index: int) -> torch.Generator:
         return child_generator(base_seed, child_index)
 
+    @staticmethod
+    def rewind_generator(generator: torch.Generator, num_draws: int) -> None:
+        rewind_generator(generator, num_draws)
+
     def execute(self, out: SchedulerOutput) -> StepResult:
         if out.copies:
             self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])
-        return StepResult(self._run(out))
+        return self._run(out)
 
-    def _run(self, out: SchedulerOutput) -> dict[int, int]:
-        """Run the model on the step's tokens and sample; returns seq_id -> new token."""
+    def _run(self, out: SchedulerOutput) -> StepResult:
+        """Run the model on the step's tokens and sample: seq_id -> new token (and logprobs)."""
         step = self.tables.step_inputs(out)
         if self.check_block_tables:
             self.tables.check(out)
@@ -68,7 +73,7 @@ class ModelExecutor:
         chunks = out.chunks
         samplers = [c.seq for c in chunks if c.samples]  # one per logits row
         if not samplers:
-            return {}
+            return StepResult({})
         last = meta.last_token_indices()
         if len(samplers) < len(chunks):
             last = last[torch.tensor([i for i, c in enumerate(chunks) if c.samples], device=device)]
@@ -84,4 +89,9 @@ class ModelExecutor:
             logits = logits[torch.tensor([row for row, _ in seqs], device=device)]
             samplers = [s for _, s in seqs]
         tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
-        return {s.seq_id: t for s, t in zip(samplers, tokens)}
+        sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
+        wanted = [s.params.logprobs for s in samplers]
+        if wanted.count(None) == len(wanted):
+            return StepResult(sampled)
+        rows = token_logprobs(logits, tokens, wanted)
+        return StepResult(sampled, logprobs={s.seq_id: e for s, e in zip(samplers, rows) if e is not None})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FINISH_REASONS = ("length", "stop", "eos")
+FINISH_REASONS = ("length", "stop", "eos", "abort")
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,13 +13,18 @@ class CompletionOutput:
 
     ``finish_reason``: "length" (``max_tokens`` reached, or the model's maximum length), "stop" (a
     ``stop_token_ids`` token was generated; it is the last of ``token_ids``), "eos" (the model's EOS
-    token was generated; it is the last of ``token_ids``).
+    token was generated; it is the last of ``token_ids``), "abort" (``LLM.abort``, or its request's
+    ``error`` was set by a failed step: ``token_ids`` holds what was generated until then).
     """
 
     token_ids: list[int]  # generated tokens (the prompt excluded)
     finish_reason: str  # one of FINISH_REASONS
     index: int = 0  # child index in [0, n)
     text: str | None = None  # the decoded tokens when the model folder has a tokenizer
+    # with SamplingParams(logprobs=k): per generated token, {token_id: logprob} of the sampled token and
+    # the k most likely (the model's raw distribution, before temperature/top-k/top-p; vLLM v1's default)
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs (with logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +33,8 @@ class RequestOutput:
 
     A rejected request has ``error`` set (why: empty prompt, token outside the vocabulary, too long,
     can never fit the KV pool, ...), ``outputs == []`` and ``num_cached_tokens == 0``; the other
-    requests of the same ``generate`` call are unaffected.
+    requests of the same ``generate`` call are unaffected. A request aborted after a failed step has
+    ``error`` set too (the failure), and its ``outputs`` end with ``finish_reason == "abort"``.
     """
 
     request_id: int  # unique within one LLM

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pagedbench.refengine.engine.outputs import CompletionOutput, RequestOutput
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.sequence import Sequence
@@ -41,7 +43,12 @@ class Request:
         for s in self.children:
             ids = list(s.output_token_ids)
             text = tokenizer.decode(ids) if tokenizer is not None else None
-            outs.append(CompletionOutput(ids, s.finish_reason, index=s.child_index, text=text))
+            logprobs = cumulative = None
+            if s.logprobs is not None:
+                logprobs = [dict(e) for e in s.logprobs]
+                cumulative = math.fsum(e[t] for t, e in zip(ids, logprobs))
+            outs.append(CompletionOutput(ids, s.finish_reason, index=s.child_index, text=text, logprobs=logprobs,
+                                         cumulative_logprob=cumulative))
         cached = self.children[0].num_cached_tokens if self.children else 0
         return RequestOutput(self.request_id, list(self.prompt_token_ids), outs, cached or 0,
                              self.prompt, self.error)

@@ -35,6 +35,9 @@ class SamplingParams:
     seed: int | None = None  # child i uses seed + i; None derives one from the engine's seed
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a sequence (included in its output)
     ignore_eos: bool = False  # do not stop at the model's EOS token(s)
+    # per generated token, the log-probabilities of the sampled token and of the k most likely ones
+    # (the model's raw distribution, before temperature/top-k/top-p, as vLLM v1); None: none returned
+    logprobs: int | None = None
     # temperature == 0: argmax, no draw. Derived, not an argument; an attribute rather than a property
     # because the sampler reads it for every sequence of every step
     greedy: bool = field(init=False, repr=False, compare=False)
@@ -64,6 +67,9 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", stop)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgumentError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise InvalidArgumentError(
+                f"logprobs must be None or an int >= 0 (the number of top tokens), got {self.logprobs!r}")
         object.__setattr__(self, "greedy", self.temperature == 0)
 
 

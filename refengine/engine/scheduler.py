@@ -29,6 +29,11 @@ never reports a whole prompt cached, so the last prompt token is always computed
 children of a parallel-sampling request whose prefill just completed (they share its blocks;
 copy-on-write separates them as they append), appends sampled tokens, and finishes sequences, freeing
 their blocks at once.
+
+A step that raises anywhere between :meth:`schedule` and the end of :meth:`update` is undone by
+:meth:`roll_back`: every sequence the step touched (each one given a chunk, and the children forked
+from them) is preempted for recomputation with the tokens it had before the step; see its docstring
+for why this and not an exact undo.
 """
 
 from __future__ import annotations
@@ -126,7 +131,12 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by priority
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
+        self.num_rollbacks = 0  # failed steps undone by roll_back
         self.peak_running = 0
+        # the step being planned or run, kept for roll_back: its chunks (the list schedule() fills, so a
+        # plan that fails half way is known too) and the forks update() made
+        self._plan: list[ScheduledChunk] = []
+        self._forks: list[tuple[Sequence, list[Sequence]]] = []
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -137,18 +147,38 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def abort_all(self) -> None:
-        """Drop every sequence (after a failed step): running ones give their blocks back."""
-        for seq in self.running:
-            self.block_manager.free(seq.seq_id)
-            seq.status = SequenceStatus.FINISHED
-        for seq in self.waiting:
-            seq.status = SequenceStatus.FINISHED
+        """Drop every sequence: running ones give their blocks back; each ends with ``"abort"``."""
+        for seq in (*self.running, *self.waiting):
+            self._end(seq)
         self.running.clear()
         self.waiting.clear()
+
+    def abort(self, request_id: int) -> list[Sequence]:
+        """Drop every sequence of ``request_id`` (waiting, preempted, running, mid-prefill), freeing
+        their blocks now; each ends with ``"abort"``. Returns them (empty: none was queued)."""
+        mine = [s for s in (*self.running, *self.waiting) if s.request_id == request_id]
+        if mine:
+            self.running[:] = [s for s in self.running if s.request_id != request_id]
+            self.waiting[:] = [s for s in self.waiting if s.request_id != request_id]
+        for seq in mine:
+            self._end(seq)
+        return mine
+
+    def _end(self, seq: Sequence) -> None:
+        """Abort one queued or running sequence and the children it has not forked yet."""
+        if self.block_manager.has_sequence(seq.seq_id):
+            self.block_manager.free(seq.seq_id)
+        for s in (seq, *seq.pending_children):
+            s.status = SequenceStatus.FINISHED
+            s.finish_reason = "abort"
+        seq.pending_children = []
 
     # --- planning ------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         chunks: list[ScheduledChunk] = []
+        self._plan = chunks
+        if self._forks:
+            self._forks = []
         copies: list[BlockCopy] = []
         preempted: list[int] = []
         budget = self.max_num_batched_tokens
@@ -330,6 +360,7 @@ class Scheduler:
         """Fork ``seq``'s pending children from its just-computed prompt; returns ``seq`` and them."""
         bm = self.block_manager
         children = seq.pending_children
+        self._forks.append((seq, children))
         for child in children:
             bm.fork(seq.seq_id, child.seq_id)
             child.status = SequenceStatus.RUNNING
@@ -337,6 +368,58 @@ class Scheduler:
             bisect.insort(self.running, child, key=lambda s: s.priority)
         seq.pending_children = []
         return [seq, *children]
+
+    # --- a failed step ------------------------------------------------------------------------------
+    def roll_back(self) -> list[Sequence]:
+        """Undo the last step planned, which raised somewhere in planning, running or :meth:`update`:
+        every sequence it gave a chunk is preempted for recomputation (blocks freed, back in the waiting
+        queue) with the tokens it had before the step, and children forked in the failed update become
+        its pending children again. Returns those sequences, in the step's order.
+
+        Why recompute-preempt rather than an exact undo: the plan changes the block manager in ways
+        that are not cheaply reversible (admissions may evict prefix-cached blocks, appends copy on
+        write, planning preempts victims, the update publishes and frees), so an exact undo would
+        need a journal of the block manager on every step's path, for an event that is rare. Freeing
+        the touched sequences costs nothing until a step fails and goes through the path every
+        preemption takes: a table that pointed at a copy that never ran, or at KV half written by a
+        failed forward, is dropped with its blocks; what the step published was written by a forward
+        that completed. The sequences the plan preempted are already waiting, whole. The caller rewinds
+        the samplers' generators (a sequence draws once per generated token).
+        """
+        plan, forks = self._plan, self._forks
+        self._plan, self._forks = [], []
+        bm = self.block_manager
+        touched = {id(c.seq) for c in plan}
+        for parent, children in forks:
+            for child in children:
+                touched.add(id(child))
+                if bm.has_sequence(child.seq_id):
+                    bm.free(child.seq_id)
+                del child.token_ids[child.num_prompt_tokens:]
+                child.status = SequenceStatus.WAITING
+                child.finish_reason = None
+                child.num_computed_tokens = child.num_table_tokens = 0
+            parent.pending_children = children
+        self.running[:] = [s for s in self.running if id(s) not in touched]
+        self.waiting[:] = [s for s in self.waiting if id(s) not in touched]  # none, unless planning broke
+        seqs = []
+        for chunk in plan:
+            seq = chunk.seq
+            if chunk.samples:  # the update may have appended the step's token, the loop its logprobs
+                del seq.token_ids[chunk.end:]
+                for s in (seq, *seq.pending_children):  # children not forked yet got logprobs too
+                    if s.logprobs is not None:
+                        del s.logprobs[s.num_output_tokens:]
+            if bm.has_sequence(seq.seq_id):
+                bm.free(seq.seq_id)
+            seq.finish_reason = None
+            seq.finish_s = None
+            seq.num_computed_tokens = seq.num_table_tokens = seq.num_admitted_tokens = 0
+            seq.num_preemptions += 1  # its block-table row is stale (see step_inputs)
+            self.add(seq)
+            seqs.append(seq)
+        self.num_rollbacks += 1
+        return seqs
 
     def _finish(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
         """Finish ``seq`` (its blocks freed) if ``token``, just appended, ends it."""

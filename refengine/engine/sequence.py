@@ -11,7 +11,8 @@ token in the step that brings ``num_computed_tokens`` to ``len(token_ids)``.
 
 Preemption (recompute) frees the blocks and sets both counts to 0: on re-admission the prompt *and*
 the tokens generated so far are allocated and computed again as one prompt, and the generator is kept,
-so the sequence continues exactly as it would have without preemption.
+so the sequence continues exactly as it would have without preemption. A failed step is undone the same
+way (``Scheduler.roll_back``), with the tokens, logprobs and generator state it had before that step.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Sequence:
     finish_s: float | None = None  # the engine clock when it finished
     # children still to be forked from this one when its prompt's prefill completes (parallel sampling)
     pending_children: list[Sequence] = field(default_factory=list)
+    # with SamplingParams.logprobs: one {token_id: logprob} per generated token (else None)
+    logprobs: list[dict[int, float]] | None = None
 
     @property
     def priority(self) -> tuple[int, int]:

@@ -34,12 +34,20 @@ from pagedbench.refengine.engine.sampling_params import SamplingParams, derive_s
 from pagedbench.refengine.errors import InvalidArgumentError
 
 __all__ = ["SamplingParams", "child_generator", "derive_seed", "greedy_tokens", "kept_distribution",
-           "sample_batch", "sample_token"]
+           "rewind_generator", "sample_batch", "sample_token"]
 
 
 def child_generator(base_seed: int, child_index: int) -> torch.Generator:
     """The CPU generator of child ``child_index`` of a request whose base seed is ``base_seed``."""
     return torch.Generator(device="cpu").manual_seed((base_seed + child_index) % 2**63)
+
+
+def rewind_generator(generator: torch.Generator, num_draws: int) -> None:
+    """Put a child's generator back where it was after ``num_draws`` draws (its seed, then that many of
+    :func:`sample_batch`'s draws): how a failed step's draws are undone."""
+    generator.manual_seed(generator.initial_seed())
+    for _ in range(num_draws):
+        torch.rand((), generator=generator, dtype=torch.float64)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -47,8 +47,7 @@ def requests():
 def test_simulated_executor_reproduces_the_real_schedule(policy, num_blocks):
     prompts, params = requests()
     llm = LLM(load_model(MODEL, attention_backend="torch", seed=1), block_size=4, num_blocks=num_blocks,
-              max_num_seqs=8, max_num_batched_tokens=24, seed=3)
-    llm.scheduler.policy = policy
+              max_num_seqs=8, max_num_batched_tokens=24, seed=3, policy=policy)
     real = Recording(llm.executor, llm.block_manager)
     llm.core.executor = real
     llm.generate(prompts, params, use_tqdm=False)

@@ -13,7 +13,14 @@ import math
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
-from pagedbench.refengine.model.sampling import greedy_tokens, kept_distribution, sample_batch, sample_token
+from pagedbench.refengine.model.sampling import (
+    child_generator,
+    greedy_tokens,
+    kept_distribution,
+    rewind_generator,
+    sample_batch,
+    sample_token,
+)
 
 # distinct logits (no ties), so "the k largest" and "most likely first" are unambiguous
 LOGITS = [2.0, 1.0, 0.5, -0.25, -1.0, 3.0, 0.0]
@@ -200,3 +207,15 @@ def test_greedy_tokens_pick_as_torch_argmax_does(dtype):
     want = [1, 1, 1, 0]
     assert greedy_tokens(rows) == want == rows.argmax(dim=-1).tolist()
     assert greedy_tokens(rows.t().contiguous().t()) == want  # column-major strides
+
+
+@pytest.mark.parametrize("keep", [0, 1, 4])
+def test_rewind_generator_replays_a_childs_draws(keep):
+    """A generator rewound to ``keep`` draws draws what it drew after them (how a failed step's draws
+    are undone): the tokens after the rewind repeat the tokens after the first ``keep``."""
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=1.0)
+    gen = child_generator(11, 2)
+    first = [sample_token(row, params, gen) for row in logits]
+    rewind_generator(gen, keep)
+    assert [sample_token(row, params, gen) for row in logits[keep:]] == first[keep:]
