@@ -84,9 +84,9 @@ def estimate(values: list[float]) -> Estimate:
 def compare(ours: Estimate, theirs: Estimate) -> str:
     """"tie" where the intervals overlap (or either rests on one seed and the means are within 5%),
     otherwise "higher" or "lower" for ``ours``."""
-    if ours.num_seeds > 1 and theirs.num_seeds > 1:
-        if ours.overlaps(theirs):
-            return "tie"
-    elif abs(ours.mean - theirs.mean) <= 0.05 * max(ours.mean, theirs.mean):
+    if ours.overlaps(theirs):
+        return "tie"
+    if min(ours.num_seeds, theirs.num_seeds) == 1 and abs(ours.mean - theirs.mean) <= 0.05 * max(ours.mean,
+                                                                                             theirs.mean):
         return "tie"
     return "higher" if ours.mean > theirs.mean else "lower"

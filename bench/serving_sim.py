@@ -138,8 +138,9 @@ class Overload:
     """The overload test over the measured window (module docstring)."""
 
     window_s: tuple[float, float]
-    num_arrivals: int  # requests arriving inside the window (A)
-    num_completions: int  # requests (any arrival) finishing inside the window (C)
+    measured_until_s: float  # the window's end, or the clock where the run stopped early
+    num_arrivals: int  # requests arriving inside the window (A), up to measured_until_s
+    num_completions: int  # requests (any arrival) finishing inside the window (C), up to measured_until_s
     allowance: float  # overload_z * sqrt(A): how far the backlog may grow for a stable system
     overloaded: bool  # A - C > allowance (or stopped early)
     stopped_early: bool  # the run stopped before its measured requests finished
@@ -150,11 +151,11 @@ class Overload:
 
     @property
     def offered_rate(self) -> float:
-        return self.num_arrivals / (self.window_s[1] - self.window_s[0])
+        return self.num_arrivals / (self.measured_until_s - self.window_s[0])
 
     @property
     def achieved_rate(self) -> float:
-        return self.num_completions / (self.window_s[1] - self.window_s[0])
+        return self.num_completions / (self.measured_until_s - self.window_s[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +374,9 @@ class _Run:
         if w1 > w0 and not math.isinf(w1):
             if not self.window_closed:  # the run ended inside the window (idle, nothing left to arrive)
                 self.overloaded |= self.num_window_arrivals - self.completed_in_window > self.allowance
-            overload = Overload(self.window, self.num_window_arrivals, self.completed_in_window, self.allowance,
+            until = min(self.clock.now(), w1) if self.stopped_early else w1
+            arrivals = self.arrived_in_window if self.stopped_early else self.num_window_arrivals
+            overload = Overload(self.window, until, arrivals, self.completed_in_window, self.allowance,
                                 self.overloaded, self.stopped_early)
         timings = tuple(RequestTiming(r.request_id, r.arrival_s, r.prompt_len, r.output_len, first, tuple(times))
                         for r, first, times in self.timing.values())
