@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 from pagedbench.bench import workloads
-from pagedbench.bench.costmodel import ProfileError, load_hardware, load_model
+from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
 from pagedbench.bench.serving_sim import AllocatorSpec
@@ -121,12 +121,17 @@ def _check(path: Path, cfg: StudyConfig) -> None:
             raise ServingConfigError(f"{path}: setting {s.name!r}: unknown GPU profile {s.hardware!r}; known: "
                                      f"{', '.join(hardware_names())}") from None
         _positive_span(path, f"setting {s.name!r}", s.span_s)
+        slots = kv_slot_budget(model, load_hardware(s.hardware), cfg.gpu_memory_utilization).num_slots
         for d in (d for d in cfg.datasets if d.runs_on(s)):
             msl = cfg.max_seq_len(s, d)
             if msl > model.max_position_embeddings or msl < 2:
                 raise ServingConfigError(
                     f"{path}: setting {s.name!r}, dataset {d.name!r}: max_seq_len {msl} must be in "
                     f"[2, {model.max_position_embeddings}] (the context of {s.model})")
+            if msl > slots:  # as vLLM refuses a max_model_len its KV cache cannot hold
+                raise ServingConfigError(
+                    f"{path}: setting {s.name!r}, dataset {d.name!r}: max_seq_len {msl} exceeds the "
+                    f"{slots} KV slots of {s.model} on {s.hardware}; set a smaller max_seq_len")
     names = {s.name for s in cfg.settings}
     for d in cfg.datasets:
         if d.dataset not in workloads.DATASETS:

@@ -75,6 +75,8 @@ def setting(**kw) -> dict:
     (setting(hardware="a100-41gb"), "unknown GPU profile 'a100-41gb'; known: a100-40gb, a100-80gb"),
     (setting(model="opt-14b"), "unknown model profile 'opt-14b'; known: "),
     (setting(max_seq_len=4096), r"max_seq_len 4096 must be in \[2, 2048\] \(the context of opt-13b\)"),
+    ({**TINY, "settings": [{"name": "l4", "model": "llama-3.1-8b", "hardware": "l4"}]},
+     "max_seq_len 131072 exceeds the 49809 KV slots of llama-3.1-8b on l4"),
     ({**TINY, "span_s": 0}, "span_s: span_s must be a positive number of seconds, got 0"),
     (setting(span_s=-60), "setting 'opt-13b@a100-40gb': span_s must be a positive number of seconds, got -60"),
 ])
