@@ -90,3 +90,19 @@ def compare(ours: Estimate, theirs: Estimate) -> str:
                                                                                              theirs.mean):
         return "tie"
     return "higher" if ours.mean > theirs.mean else "lower"
+
+
+def ratio_estimate(ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> Estimate:
+    """The ratio ours / theirs of two managers' capacities over the same seeds (the same arrivals: a paired
+    comparison, whose trace-to-trace noise cancels), from each seed's ``(capacity, failing rate)``.
+
+    The interval is the wider of the 95% Student-t interval of the per-seed log ratios and the
+    bisection's resolution (each capacity is known only to lie below its failing rate).
+    """
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"ratio_estimate needs the same seeds on both sides, got {len(ours)} and {len(theirs)}")
+    logs = [math.log(a / b) for (a, _), (b, _) in zip(ours, theirs)]
+    e = estimate(logs)
+    low = sum(a / b_hi for (a, _), (_, b_hi) in zip(ours, theirs)) / len(ours)
+    high = sum(a_hi / b for (_, a_hi), (b, _) in zip(ours, theirs)) / len(ours)
+    return Estimate(math.exp(e.mean), min(math.exp(e.low), low), max(math.exp(e.high), high), e.num_seeds)

@@ -61,3 +61,17 @@ def test_seed_intervals_and_ties():
     assert compare(a, b) == "tie"  # the intervals overlap
     assert compare(estimate([20.0, 20.5, 21.0]), a) == "higher"
     assert compare(estimate([10.0]), estimate([10.3])) == "tie"
+
+
+def test_paired_ratio_cancels_the_seeds_noise_and_keeps_the_bisections_resolution():
+    from pagedbench.bench.capacity_search import ratio_estimate
+
+    # both managers see the same arrivals per seed: the capacities move together, their ratio does not
+    ours, theirs = [(20.0, 21.0), (30.0, 31.5), (40.0, 42.0)], [(10.0, 10.5), (15.0, 15.75), (20.0, 21.0)]
+    e = ratio_estimate(ours, theirs)
+    assert e.mean == pytest.approx(2.0) and e.low == pytest.approx(2.0 / 1.05) and e.high == pytest.approx(2.1)
+    assert compare(estimate([20, 30, 40]), estimate([10, 15, 20])) == "tie"  # unpaired, the same data: a tie
+    tie = ratio_estimate([(10.0, 11.0)] * 3, [(10.0, 11.0)] * 3)
+    assert tie.low < 1 < tie.high  # equal capacities: the bisection's bracket makes it a tie
+    with pytest.raises(ValueError, match="same seeds on both sides, got 1 and 2"):
+        ratio_estimate([(1.0, 2.0)], [(1.0, 2.0)] * 2)
