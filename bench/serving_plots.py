@@ -2,7 +2,7 @@
 
 Each panel is a dataset: normalized latency (the paper's Fig. 12 metric) against the offered rate, one
 colour per KV manager, one line style per scheduler policy, seed 0's points; overloaded points (no
-latency is reported for them) are marked with an x on the top edge; the first threshold is a labelled
+latency is reported for them) are marked with an x on a line above the curves; the first threshold is a labelled
 line. The paper's Fig. 12 ratios appear only on the panel they were measured on.
 """
 
@@ -38,28 +38,34 @@ def plot(doc: dict, out: Path) -> None:
         datasets = sorted({s["dataset"] for s in rows})
         if not datasets:
             continue
-        fig, axes = plt.subplots(1, len(datasets), figsize=(6.4 * len(datasets), 4.8), squeeze=False)
+        fig, axes = plt.subplots(1, len(datasets), figsize=(6.4 * len(datasets), 5.2), squeeze=False,
+                                 layout="constrained")
         for ax, dataset in zip(axes[0], datasets):
-            for s in sorted((s for s in rows if s["dataset"] == dataset), key=lambda s: (s["allocator"], s["policy"])):
+            searches = sorted((s for s in rows if s["dataset"] == dataset), key=lambda s: (s["allocator"], s["policy"]))
+            lats = [p["normalized_latency_s"] for s in searches for p in s["points"] if not p["overloaded"]]
+            top = 1.5 * max(lats)  # overloaded points (no latency reported) are drawn on this line
+            for s in searches:
                 colour = colours.setdefault(s["allocator"], f"C{len(colours)}")
                 pts = sorted(s["points"], key=lambda p: p["rate"])
                 ok = [p for p in pts if not p["overloaded"]]
                 ax.plot([p["rate"] for p in ok], [p["normalized_latency_s"] for p in ok], marker="o", ms=3,
                         ls=STYLES.get(s["policy"], ":"), color=colour, label=f"{s['allocator']}, {s['policy']}")
                 over = [p["rate"] for p in pts if p["overloaded"]]
-                ax.plot(over, [1.0] * len(over), "x", color=colour, transform=ax.get_xaxis_transform(), clip_on=False)
-            low = min(s["low_load_normalized_latency_s"] for s in rows if s["dataset"] == dataset)
+                ax.plot(over, [top] * len(over), "x", color=colour)
+            low = min(s["low_load_normalized_latency_s"] for s in searches)
             ax.axhline(threshold * low, color="grey", ls=":", lw=1)
-            ax.annotate(f"{threshold:g}× low-load latency", (0.01, threshold * low), xycoords=("axes fraction", "data"),
-                        fontsize=8, color="grey", va="bottom")
+            ax.text(0.02, threshold * low, f"{threshold:g}× low-load latency", transform=ax.get_yaxis_transform(),
+                    fontsize=8, color="grey", va="bottom")
+            ax.axhline(top, color="lightgrey", lw=0.5)
+            ax.text(0.02, top, "x: overloaded (no latency)", transform=ax.get_yaxis_transform(), fontsize=8,
+                    color="grey", va="bottom")
             if (setting, dataset) == PAPER_PANEL:
-                ax.text(0.02, 0.7, PAPER_TEXT, transform=ax.transAxes, fontsize=8, color="grey", va="top")
+                ax.text(0.02, 0.6, PAPER_TEXT, transform=ax.transAxes, fontsize=8, color="grey", va="top")
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_title(f"{setting}, {dataset} (x on top: overloaded)", fontsize=10)
+            ax.set_title(f"{setting}, {dataset} (curves that coincide are drawn over each other)", fontsize=9)
             ax.set_xlabel("offered request rate (req/s)")
             ax.set_ylabel("normalized latency (s/token)")
-            ax.legend(fontsize=7, loc="upper left")
-        fig.tight_layout()
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.95))
         records.save_figure(fig, Path(out) / file, dpi=100)
         plt.close(fig)
