@@ -273,8 +273,9 @@ def speed_line(doc: dict) -> str:
     wall = sum(p["wall_s"] for p in points) or 1e-9
     overloaded = sum(p["overloaded"] for p in points)
     return (f"{len(points)} simulations ({overloaded} overloaded, stopped early), {tokens:,} simulated tokens in "
-            f"{wall:.0f} s of simulation ({tokens / wall:,.0f} tokens per wall second per process); the study "
-            f"took {doc.get('wall_s', 0):.0f} s.")
+            f"{wall:.0f} s of simulation ({tokens / wall:,.0f} tokens per wall second per process); this run of the "
+            f"study took {doc.get('wall_s', 0):.0f} s (points already in .cache/serving/ are read, not simulated "
+            "again: the simulation time above is each point's first run).")
 
 
 def method(doc: dict) -> str:
