@@ -93,3 +93,14 @@ def test_missing_key(tmp_path):
     del doc["seeds"]
     with pytest.raises(ServingConfigError, match="missing key 'seeds'"):
         serving_study.load_config(write(tmp_path, doc))
+
+
+def test_an_overloaded_point_fails_every_criterion_whatever_its_numbers():
+    from pagedbench.bench.serving_study import _passes
+
+    met = {"slo": {"mlperf-llama-3.1-8b": {"met": True}}, "normalized_latency_s": 0.01}
+    assert _passes({"overloaded": False, **met}, "2.0", 1.0) and _passes({"overloaded": False, **met},
+                                                                         "slo:mlperf-llama-3.1-8b", 1.0)
+    for criterion in ("2.0", "slo:mlperf-llama-3.1-8b"):
+        assert not _passes({"overloaded": True, **met}, criterion, 1.0)
+        assert not _passes({"overloaded": False}, criterion, 1.0)  # no latency measured: no pass either
