@@ -1,14 +1,15 @@
-"""The memory-waste study: where KV memory goes under Orca's reservations and paging.
+"""The memory-waste study: where KV memory goes under Orca's reservations and paging, beyond Fig. 2/13.
 
 ``python -m pagedbench.bench --only memory_study`` (or ``main([])``) runs the default config
 (``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
-(:mod:`pagedbench.bench.serving_sim`: the real scheduler on a simulated clock) under one KV budget at
-the main step time and at each constant step time of the sweep (a sensitivity analysis; the serving
-study takes its step times from the step-cost model instead);
-the parallel-sampling saving (Figure 15) is measured with ``BlockManager.fork``. Writes
-``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside ours) and
-``results/memory_*.png``, and prints the tables.
+(:mod:`pagedbench.bench.serving_sim`: the real scheduler on a simulated clock) under one KV budget, with
+the step times of the step-cost model (:mod:`pagedbench.bench.costmodel`) for the config's model and
+GPU: no step time is guessed. What only this study has: the block-size sweep (the paper's Fig. 18b),
+buddy vs first-fit placement, and the parallel-sampling saving (Figure 15, measured with
+``BlockManager.fork``). Fig. 2 and 13 come from the serving study's runs (``results/serving.md``).
+Writes ``results/memory.json`` (records), ``results/memory.md`` (tables, the paper's anchors beside
+ours) and ``results/memory_block_size.png``, and prints the tables.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 import yaml
 from pagedbench.bench import environment as env_mod
 from pagedbench.bench import records, workloads
+from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.progress import progress_enabled
+from pagedbench.bench.serving_points import step_time_fn
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
 
@@ -53,8 +56,8 @@ class StudyConfig:
     watermark: float
     warmup_frac: float
     seed: int
-    step_s: float
-    step_sweep_s: tuple[float, ...]
+    model: str  # the step-cost model's model and GPU profiles (bench/configs/models, .../hardware)
+    hardware: str
     workloads: tuple[WorkloadSpec, ...]
     orca_policies: tuple[str, ...]
     orca_placements: tuple[str, ...]
@@ -63,9 +66,12 @@ class StudyConfig:
     sharing: SharingSpec
     drain: bool = True  # run until every request is done (latency over all; shares in the window only)
 
-    def sim(self, step_s: float) -> SimConfig:
-        return SimConfig(self.kv_slots, self.max_seq_len, step_s, self.watermark, self.warmup_frac,
-                         self.drain)
+    def sim(self) -> SimConfig:
+        return SimConfig(self.kv_slots, self.max_seq_len, watermark=self.watermark, warmup_frac=self.warmup_frac,
+                         drain=self.drain)
+
+    def step_time_s(self):
+        return step_time_fn(StepCostModel.from_profiles(load_model(self.model), load_hardware(self.hardware)))
 
 
 def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig:
@@ -79,7 +85,7 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
     raw["workloads"] = tuple(WorkloadSpec(**w) for w in raw["workloads"])
     s = raw["sharing"]
     raw["sharing"] = SharingSpec(s["dataset"], s["num_requests"], s["block_size"], tuple(s["n"]))
-    for key in ("step_sweep_s", "orca_policies", "orca_placements", "block_sizes"):
+    for key in ("orca_policies", "orca_placements", "block_sizes"):
         raw[key] = tuple(raw[key])
     return StudyConfig(**raw)
 
@@ -91,14 +97,13 @@ def load_trace(w: WorkloadSpec, cfg: StudyConfig) -> tuple[workloads.Request, ..
                                max_seq_len=cfg.max_seq_len)
 
 
-def allocators(cfg: StudyConfig, *, main: bool) -> list[AllocatorSpec]:
-    """Orca at every policy (every placement on the main step, buddy on the sweep) and paged sizes."""
-    placements = cfg.orca_placements if main else ("buddy",)
-    orca = [AllocatorSpec("orca", 1, p, pl) for pl in placements for p in cfg.orca_policies]
+def allocators(cfg: StudyConfig) -> list[AllocatorSpec]:
+    """Orca at every policy and placement, and paged at every block size."""
+    orca = [AllocatorSpec("orca", 1, p, pl) for pl in cfg.orca_placements for p in cfg.orca_policies]
     return orca + [AllocatorSpec("paged", b) for b in cfg.block_sizes]
 
 
-def run_record(w: WorkloadSpec, spec: AllocatorSpec, step_s: float, r: SimResult, wall_s: float) -> dict:
+def run_record(w: WorkloadSpec, spec: AllocatorSpec, r: SimResult, wall_s: float) -> dict:
     reasons = []
     if r.num_measured_steps < MIN_MEASURED_STEPS:
         reasons.append(f"only {r.num_measured_steps} measured steps (< {MIN_MEASURED_STEPS})")
@@ -107,7 +112,6 @@ def run_record(w: WorkloadSpec, spec: AllocatorSpec, step_s: float, r: SimResult
         "allocator": {"name": spec.name, "kind": spec.kind, "block_size": spec.block_size,
                       "policy": spec.policy if spec.kind == "orca" else None,
                       "placement": spec.placement if spec.kind == "orca" else None},
-        "step_s": step_s,
         "total_slots": r.total_slots,
         "shares": dataclasses.asdict(r.shares),
         "mean_running": r.mean_running,
@@ -127,17 +131,14 @@ def run_study(cfg: StudyConfig, *, progress: bool | None = None) -> dict:
     ``progress``: draw a bar (None: on a terminal, see :mod:`bench.progress`)."""
     if progress is None:
         progress = progress_enabled()
-    jobs = []
-    steps = [cfg.step_s] + [s for s in cfg.step_sweep_s if s != cfg.step_s]
-    for w in cfg.workloads:
-        for step_s in steps:
-            jobs += [(w, spec, step_s) for spec in allocators(cfg, main=step_s == cfg.step_s)]
+    jobs = [(w, spec) for w in cfg.workloads for spec in allocators(cfg)]
     traces = {w.name: load_trace(w, cfg) for w in cfg.workloads}
+    step_time_s = cfg.step_time_s()
     runs = []
-    for w, spec, step_s in tqdm(jobs, desc="memory study", unit="run", disable=not progress):
+    for w, spec in tqdm(jobs, desc="memory study", unit="run", disable=not progress):
         start = time.perf_counter()
-        result = simulate(traces[w.name], spec, cfg.sim(step_s))
-        runs.append(run_record(w, spec, step_s, result, time.perf_counter() - start))
+        result = simulate(traces[w.name], spec, cfg.sim(), step_time_s=step_time_s)
+        runs.append(run_record(w, spec, result, time.perf_counter() - start))
     sh = cfg.sharing
     trace = workloads.synthetic(sh.dataset, sh.num_requests, seed=cfg.seed, max_seq_len=cfg.max_seq_len)
     sharing = [{"dataset": sh.dataset, "num_requests": sh.num_requests, "block_size": sh.block_size, "n": n,

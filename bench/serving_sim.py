@@ -24,9 +24,26 @@ stored), holding ``h`` slots::
     free            every other free slot
 
 The five add up to the pool's slots on every step; shares are their time averages over the measured
-steps (those starting inside the window: arrivals from ``warmup_frac`` of the trace's span to the last
-arrival; the whole run when everything arrives at once). With ``drain=True`` the run goes on until
-every request is done, so that the latency covers every request.
+steps (those starting inside the window). With ``drain=True`` the run goes on until every request is
+done, so that the latency covers every request.
+
+**The measured window.** With ``span_s`` set, the trace is the arrivals of a span ``[0, span_s)`` and
+the window is ``[warmup_frac * span_s, (1 - cooldown_frac) * span_s]``: latency counts only requests
+arriving inside it (:attr:`SimResult.requests`, each with its token times), while the arrivals of the
+cool-down keep the load on until they are done. The run ends once every measured request has finished.
+Without ``span_s`` the window runs from ``warmup_frac`` of the last arrival to the last arrival (a
+trace of a fixed count).
+
+**Overload.** Over the window, ``A`` requests arrive and ``C`` complete; ``A - C`` is how much the
+backlog (requests arrived and not finished, waiting or running) grew across the window, and
+``C / window`` is the achieved rate against the offered ``A / window``. A stable system's backlog
+moves by the noise of its arrivals, about ``sqrt(A)`` for Poisson arrivals; the point is
+**overloaded** when ``A - C > overload_z * sqrt(A)`` (default ``overload_z = 3``: three standard
+deviations of the arrival count), i.e. the achieved rate is below the offered rate by more than three
+times its noise, or equivalently the queue grew across the window. With ``stop_on_overload`` the run
+stops as soon as the backlog has grown by twice that allowance inside the window (a six-sigma excursion
+for a stable system), or at the window's end if the test fails there: an overloaded point's latency is
+the length of the run, not a property of the system, and is never used as a capacity.
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.sim_fast_forward import FastForward
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine import BlockManager, ContiguousBlockManager, SamplingParams
@@ -72,6 +90,17 @@ class SimConfig:
     max_num_batched_tokens: int | None = None
     policy: str = "mixed"  # "mixed" (chunked prefill, today's vLLM) or "separate" (vLLM v0.1)
     enable_prefix_caching: bool = False
+    span_s: float | None = None  # the arrivals' span (None: up to the last arrival); see the docstring
+    cooldown_frac: float = 0.0  # the last share of the span is not measured (arrivals keep the load on)
+    overload_z: float = 3.0  # the overload test's allowance, in standard deviations of the arrival count
+    stop_on_overload: bool = False  # stop a run once it is overloaded (its latency is then not reported)
+
+    def __post_init__(self) -> None:
+        if self.span_s is not None and not self.span_s > 0:
+            raise ValueError(f"span_s must be > 0 seconds (or None), got {self.span_s}")
+        if not (self.warmup_frac >= 0 and self.cooldown_frac >= 0 and self.warmup_frac + self.cooldown_frac < 1):
+            raise ValueError(f"warmup_frac and cooldown_frac must be >= 0 and leave a window (sum < 1), got "
+                             f"{self.warmup_frac} and {self.cooldown_frac}")
 
     @property
     def token_budget(self) -> int:
@@ -106,6 +135,31 @@ class StepRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Overload:
+    """The overload test over the measured window (module docstring)."""
+
+    window_s: tuple[float, float]
+    measured_until_s: float  # the window's end, or the clock where the run stopped early
+    num_arrivals: int  # requests arriving inside the window (A), up to measured_until_s
+    num_completions: int  # requests (any arrival) finishing inside the window (C), up to measured_until_s
+    allowance: float  # overload_z * sqrt(A): how far the backlog may grow for a stable system
+    overloaded: bool  # A - C > allowance (or stopped early)
+    stopped_early: bool  # the run stopped before its measured requests finished
+
+    @property
+    def backlog_growth(self) -> int:
+        return self.num_arrivals - self.num_completions
+
+    @property
+    def offered_rate(self) -> float:
+        return self.num_arrivals / (self.measured_until_s - self.window_s[0])
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.num_completions / (self.measured_until_s - self.window_s[0])
+
+
+@dataclass(frozen=True, slots=True)
 class SimResult:
     allocator: str
     total_slots: int  # slots of the pool (num_blocks x block_size)
@@ -121,6 +175,9 @@ class SimResult:
     num_generated_tokens: int = 0
     steps: tuple[StepRecord, ...] = ()
     latencies_s: tuple[float, ...] = ()  # end-to-end latency of each finished request, trace order
+    requests: tuple[RequestTiming, ...] = ()  # the measured requests (arrived in the window), trace order
+    overload: Overload | None = None  # None when the window holds no time (every arrival at once)
+    peak_used_slots: int = 0  # the most slots held at once (after a step's allocations)
 
 
 def constant_step(step_s: float) -> Callable[[StepShape], float]:
@@ -147,14 +204,19 @@ def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int) -> None
 
 
 class _Accounting:
-    """An executor wrapper that accounts the KV memory of each step before it runs (see the module
-    docstring); it decides nothing."""
+    """An executor wrapper that sees the KV memory of each step once it is planned, before it runs: its
+    peak use, and (``account``) its accounting (see the module docstring); it decides nothing."""
 
-    def __init__(self, inner: SimulatedExecutor, run: _Run) -> None:
-        self.inner, self.run = inner, run
+    def __init__(self, inner: SimulatedExecutor, run: _Run, account: bool) -> None:
+        self.inner, self.run, self.do_account = inner, run, account
 
     def execute(self, out) -> StepResult:
-        self.run.account()
+        run = self.run
+        used = run.bm.num_used_blocks
+        if used > run.peak_used:
+            run.peak_used = used
+        if self.do_account:
+            run.account()
         return self.inner.execute(out)
 
 
@@ -175,11 +237,26 @@ class _Run:
                                prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
         executor = SimulatedExecutor(step_time_s)
         self.clock = SimClock()
-        self.core = EngineCore(self.sched, _Accounting(executor, self) if account else executor,
+        self.core = EngineCore(self.sched, _Accounting(executor, self, account),
                                clock=self.clock, can_fork=spec.kind == "paged")
         self.pending = deque(sorted(trace, key=lambda r: (r.arrival_s, r.request_id)))
         last = self.pending[-1].arrival_s if self.pending else 0.0
-        self.window = (cfg.warmup_frac * last, last) if last > 0 else (0.0, math.inf)
+        if cfg.span_s is not None:
+            if last >= cfg.span_s:
+                raise ValueError(f"the trace's last arrival ({last} s) is past its span_s ({cfg.span_s} s)")
+            self.window = (cfg.warmup_frac * cfg.span_s, (1 - cfg.cooldown_frac) * cfg.span_s)
+        else:
+            self.window = (cfg.warmup_frac * last, last) if last > 0 else (0.0, math.inf)
+        w0, w1 = self.window
+        # requests measured: arrived inside the window; entry: [request, first scheduled, token times]
+        self.num_window_arrivals = sum(w0 <= r.arrival_s <= w1 for r in trace)
+        self.allowance = cfg.overload_z * math.sqrt(max(self.num_window_arrivals, 1))
+        self.timing: dict[int, list] = {}
+        self.num_measured_left = self.num_window_arrivals
+        self.arrived_in_window = self.completed_in_window = 0
+        self.overloaded = self.stopped_early = False
+        self.window_closed = math.isinf(w1)
+        self.peak_used = 0
         self.prompt_tokens = prompt_tokens or (lambda r: [0] * r.prompt_len)
         self.requests: list[tuple[Request, object]] = []
         self.num_steps = self.num_measured = self.peak = self.generated = 0
@@ -197,6 +274,9 @@ class _Run:
                                    arrival_s=r.arrival_s)
             core.add(req)
             self.requests.append((r, req))
+            if self.window[0] <= r.arrival_s <= self.window[1]:
+                self.arrived_in_window += 1
+                self.timing[req.children[0].seq_id] = [r, None, []]
 
     def account(self) -> None:
         sched, bm, bs = self.sched, self.bm, self.bs
@@ -243,7 +323,7 @@ class _Run:
                 return False
             self.clock.advance_to(self.pending[0].arrival_s)  # idle: skip to the next arrival
             return True
-        if self.clock.now() > self.window[1] and not self.cfg.drain:
+        if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
             return False
         if self.fast is not None and self.fast.advance(self):  # a run of decode steps at once
             return True
@@ -256,16 +336,60 @@ class _Run:
         self.generated += len(report.sampled)
         self.peak = max(self.peak, len(self.sched.running) + len(report.finished))
         self.num_steps += 1
-        return True
+        return self._observe(report)
+
+    def _observe(self, report) -> bool:
+        """Token times of the measured requests and the overload test; False when the run may stop."""
+        timing = self.timing
+        if timing:
+            for c in report.output.chunks:
+                entry = timing.get(c.seq.seq_id)
+                if entry is not None and entry[1] is None:
+                    entry[1] = report.start_s
+            for seq_id in report.sampled:
+                entry = timing.get(seq_id)
+                if entry is not None:
+                    entry[2].append(report.end_s)
+        w0, w1 = self.window
+        end = report.end_s
+        for seq in report.finished:
+            if seq.seq_id in timing:
+                self.num_measured_left -= 1
+        if w0 <= end <= w1:
+            self.completed_in_window += len(report.finished)
+            if (self.cfg.stop_on_overload
+                    and self.arrived_in_window - self.completed_in_window > 2 * self.allowance):
+                self.overloaded = self.stopped_early = True
+                return False
+        elif end > w1 and not self.window_closed:
+            self.window_closed = True
+            self.overloaded = self.num_window_arrivals - self.completed_in_window > self.allowance
+            if self.overloaded and self.cfg.stop_on_overload:
+                self.stopped_early = self.num_measured_left > 0
+                return False
+        # with a span, the run is over once every measured request is done (the cool-down's need not be)
+        return not (self.cfg.span_s is not None and self.window_closed and self.num_measured_left == 0)
 
     def result(self) -> SimResult:
         m = max(self.num_measured, 1)
         shares = Shares(*(s / (m * self.total) for s in self.sums))
         lat = [(req.finish_s - r.arrival_s, r.output_len) for r, req in self.requests if req.finish_s is not None]
         norm = sum(d / n for d, n in lat) / len(lat) if lat else None
+        w0, w1 = self.window
+        overload = None
+        if w1 > w0 and not math.isinf(w1):
+            if not self.window_closed:  # the run ended inside the window (idle, nothing left to arrive)
+                self.overloaded |= self.num_window_arrivals - self.completed_in_window > self.allowance
+            until = min(self.clock.now(), w1) if self.stopped_early else w1
+            arrivals = self.arrived_in_window if self.stopped_early else self.num_window_arrivals
+            overload = Overload(self.window, until, arrivals, self.completed_in_window, self.allowance,
+                                self.overloaded, self.stopped_early)
+        timings = tuple(RequestTiming(r.request_id, r.arrival_s, r.prompt_len, r.output_len, first, tuple(times))
+                        for r, first, times in self.timing.values())
         return SimResult(self.spec.name, self.total, self.num_steps, self.num_measured, shares,
                          self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
-                         self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat))
+                         self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat),
+                         timings, overload, self.peak_used * self.bs)
 
 
 def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = SimConfig(), *,

@@ -66,6 +66,7 @@ class FastForward:
         stop_after = math.inf if run.cfg.drain else run.window[1]
         ends = [len(s.token_ids) for s in running]  # each decode chunk's end (its context) at the run's start
         k = 0
+        step_ends = []  # each step's end: the time its tokens are out
         while k < k_max:
             if k:
                 t = clock.now()
@@ -79,8 +80,18 @@ class FastForward:
                     run._arrive()
                     next_arrival = run.pending[0].arrival_s if run.pending else math.inf
             clock.advance(step_time_s(StepShape((), tuple([e + k for e in ends]))))
+            step_ends.append(clock.now())
             k += 1
         self._apply(running, ends, k)
+        # what the step-by-step run observes per step: the measured requests' token times, and the pool's
+        # peak use (a run only takes blocks, so its last step holds the most)
+        timing = run.timing
+        if timing:
+            for s in running:
+                entry = timing.get(s.seq_id)
+                if entry is not None:
+                    entry[2].extend(step_ends)
+        run.peak_used = max(run.peak_used, self.bm.num_used_blocks)
         if self.refused is not None:
             self._refuse(self.refused, k)
         run.generated += len(running) * k

@@ -1,4 +1,4 @@
-"""The serving study end to end on a tiny config, and its config errors."""
+"""The serving study end to end on a tiny config, and its config errors (nothing written on a bad one)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 from pagedbench.bench import serving_study
+from pagedbench.bench.serving_config import ServingConfigError
 
 TINY = {
-    "settings": [{"name": "opt-13b@a100-40gb", "model": "opt-13b", "hardware": "a100-40gb", "max_seq_len": 2048}],
-    "datasets": [{"name": "sharegpt", "dataset": "sharegpt", "num_requests": 80}],
+    "settings": [{"name": "opt-13b@a100-40gb", "model": "opt-13b", "hardware": "a100-40gb"}],
+    "datasets": [{"name": "sharegpt", "dataset": "sharegpt"}],
     "allocators": [{"kind": "orca", "block_size": 1, "policy": "max"}, {"kind": "paged", "block_size": 16}],
-    "policies": ["separate"], "policy_comparison_settings": [], "max_num_seqs": 256,
-    "max_num_batched_tokens": 2560, "watermark": 0.01, "gpu_memory_utilization": 0.9, "thresholds": [2.0, 4.0],
-    "low_load_requests": 20, "bisection_steps": 2, "seeds": [0],
-    "memory_points": [{"dataset": "sharegpt", "rate": 2.0}],
+    "policies": ["mixed"], "policy_comparison_settings": [], "max_num_seqs": 256,
+    "max_num_batched_tokens": 512, "watermark": 0.01, "gpu_memory_utilization": 0.9, "thresholds": [2.0],
+    "slos": ["mlperf-llama-3.1-8b"], "low_load_requests": 10, "bisection_steps": 1, "seeds": [0, 1],
+    "span_s": 60, "warmup_frac": 0.1, "cooldown_frac": 0.1, "overload_z": 3.0,
+    "memory_points": [{"dataset": "sharegpt", "rate": 2.0, "policy": "mixed"}],
+    "sensitivity": {"setting": "opt-13b@a100-40gb", "dataset": "sharegpt", "policy": "mixed", "factors": [2.0],
+                    "terms": ["step_overhead"]},
     "workers": 1,
 }
 
@@ -33,37 +37,70 @@ def test_study_end_to_end(tmp_path, monkeypatch):
     serving_study.main(["--config", str(write(tmp_path, TINY)), "--out", str(out)])
     doc = json.loads((out / "serving.json").read_text())
     assert doc["environment"]["git"]["commit"] and doc["schema_version"] >= 2
-    caps = {s["allocator"]: s["capacity"]["2.0"] for s in doc["searches"]}
-    assert caps["paged bs=16"] > caps["Orca (Max)"] > 0  # paging buys request rate at equal latency
+    base = [s for s in doc["searches"] if not s["cost_scale"]]
+    assert len(base) == 2 * 2 and len(doc["searches"]) == 2 * 2 + 2  # 2 managers x 2 seeds, + sensitivity
     for s in doc["searches"]:
-        lats = [p["normalized_latency_s"] for p in sorted(s["points"], key=lambda p: p["rate"])]
-        assert lats[-1] > 2.0 * s["low_load_normalized_latency_s"]  # the bracket reached saturation
-        assert "2.0" not in s["lower_bound_only"]
+        assert s["max_seq_len"] == 2048  # the model's context
+        for cap in s["capacity"].values():  # a capacity is a point that ran, passed, and was not overloaded
+            if cap is not None:
+                (p,) = [p for p in s["points"] if p["rate"] == cap]
+                assert not p["overloaded"] and any(q["rate"] > cap for q in s["points"])  # past the knee
+        assert s["saturation_rps"] >= max(p["achieved_rate"] for p in s["points"] if not p["overloaded"])
+    paged = [s for s in base if s["allocator"] == "paged bs=16"]
+    orca = [s for s in base if s["allocator"] == "Orca (Max)"]
+    assert min(s["capacity"]["2.0"] for s in paged) > max(s["capacity"]["2.0"] for s in orca)
+    point = next(p for p in paged[0]["points"] if not p["overloaded"])
+    assert {"mean_ttft_ms", "p99_tpot_ms", "median_itl_ms", "p90_e2el_ms", "request_goodput"} <= set(point)
     (mem,) = [m for m in doc["memory"] if m["allocator"] == "paged bs=16"]
     assert sum(mem["shares"].values()) - mem["shares"]["rounding_waste"] == pytest.approx(1.0)
     text = (out / "serving.md").read_text()
-    assert "| opt-13b@a100-40gb" in text and "2.7–8×" in text and "KV slots" in text
-    assert (out / "serving_latency.png").stat().st_size > 0
+    assert "| opt-13b@a100-40gb" in text and "2.7–8×" in text and "Overload test" in text
+    assert "![opt-13b@a100-40gb](serving_opt_13b_a100_40gb.png)" in text and "step_overhead ×2" in text
+    assert (out / "serving_opt_13b_a100_40gb.png").stat().st_size > 0
     cached = len(list((tmp_path / "cache").iterdir()))
     serving_study.main(["--config", str(write(tmp_path, TINY)), "--out", str(out), "--no-plots"])
     assert len(list((tmp_path / "cache").iterdir())) == cached  # the re-run resumed from the cache
     assert json.loads((out / "serving.json").read_text())["searches"] == doc["searches"]
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"colour": 1}, "unknown keys \\['colour'\\]"),
-    ({"thresholds": [1.0]}, "thresholds must be > 1"),
-    ({"datasets": [{"name": "x", "dataset": "nope", "num_requests": 3}]}, "dataset 'x'"),
+def setting(**kw) -> dict:
+    return {**TINY, "settings": [{**TINY["settings"][0], **kw}]}
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({**TINY, "colour": 1}, r"unknown keys \['colour'\]; known: "),
+    ({**TINY, "thresholds": [1.0]}, "thresholds must be > 1"),
+    ({**TINY, "datasets": [{"name": "x", "dataset": "nope"}]}, "dataset 'x': unknown dataset 'nope'; known: sharegpt"),
+    ({**TINY, "slos": ["mlperf-llama-9"]}, "slos: unknown SLO preset 'mlperf-llama-9'; known: mlperf-llama-3.1-8b"),
+    (setting(hardware="a100-41gb"), "unknown GPU profile 'a100-41gb'; known: a100-40gb, a100-80gb"),
+    (setting(model="opt-14b"), "unknown model profile 'opt-14b'; known: "),
+    (setting(max_seq_len=4096), r"max_seq_len 4096 must be in \[2, 2048\] \(the context of opt-13b\)"),
+    ({**TINY, "settings": [{"name": "l4", "model": "llama-3.1-8b", "hardware": "l4"}]},
+     "max_seq_len 131072 exceeds the 49809 KV slots of llama-3.1-8b on l4"),
+    ({**TINY, "span_s": 0}, "span_s: span_s must be a positive number of seconds, got 0"),
+    (setting(span_s=-60), "setting 'opt-13b@a100-40gb': span_s must be a positive number of seconds, got -60"),
 ])
-def test_config_errors_name_the_file_and_key(tmp_path, change, message):
-    path = write(tmp_path, {**TINY, **change})
-    with pytest.raises(ValueError, match=message) as e:
-        serving_study.load_config(path)
-    assert str(path) in str(e.value)
+def test_bad_config_names_the_option_and_writes_nothing(tmp_path, doc, message):
+    path = write(tmp_path, doc)
+    out = tmp_path / "out"
+    with pytest.raises(ServingConfigError, match=message) as e:
+        serving_study.main(["--config", str(path), "--out", str(out)])
+    assert str(path) in str(e.value) and not out.exists()
 
 
 def test_missing_key(tmp_path):
     doc = dict(TINY)
     del doc["seeds"]
-    with pytest.raises(ValueError, match="missing key 'seeds'"):
+    with pytest.raises(ServingConfigError, match="missing key 'seeds'"):
         serving_study.load_config(write(tmp_path, doc))
+
+
+def test_an_overloaded_point_fails_every_criterion_whatever_its_numbers():
+    from pagedbench.bench.serving_study import _passes
+
+    met = {"slo": {"mlperf-llama-3.1-8b": {"met": True}}, "normalized_latency_s": 0.01}
+    assert _passes({"overloaded": False, **met}, "2.0", 1.0) and _passes({"overloaded": False, **met},
+                                                                         "slo:mlperf-llama-3.1-8b", 1.0)
+    for criterion in ("2.0", "slo:mlperf-llama-3.1-8b"):
+        assert not _passes({"overloaded": True, **met}, criterion, 1.0)
+        assert not _passes({"overloaded": False}, criterion, 1.0)  # no latency measured: no pass either

@@ -1,0 +1,108 @@
+"""The highest offered rate at which a criterion holds: bracketing, then geometric bisection.
+
+``passes(rate)`` runs (or looks up) a point and says whether the criterion holds there: a latency
+threshold, an SLO. An overloaded point must fail every criterion (its latency is the length of a run,
+not of the system), so a capacity is always the rate of a point that was measured, met the criterion
+and was not overloaded: never a plateau, never a lower bound. The search assumes the criterion holds
+below some knee and fails above it; a criterion that fails at the first rate gives no capacity (None),
+as does one still holding at ``max_rate``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    rate: float | None  # the highest passing rate found (None: none passed, or none failed)
+    bracket: tuple[float, float] | None  # (passing, failing) rates the bisection ended between
+    reason: str  # why rate is None ("" otherwise)
+
+
+def find_capacity(passes: Callable[[float], bool], start: float, *, factor: float = 4.0, steps: int = 5,
+                  max_rate: float = 1e6) -> Capacity:
+    """Bracket from ``start`` by ``factor`` until a rate fails, then ``steps`` geometric bisections.
+
+    The result lies within a factor of ``factor ** (2 ** -steps)`` below the knee.
+    """
+    if not start > 0 or not factor > 1 or steps < 0:
+        raise ValueError(f"find_capacity needs start > 0, factor > 1, steps >= 0; got {start}, {factor}, {steps}")
+    if not passes(start):
+        return Capacity(None, None, f"fails already at the first rate {start:.3g}")
+    lo = start
+    hi = lo * factor
+    while passes(hi):
+        lo = hi
+        if lo >= max_rate:
+            return Capacity(None, None, f"still holds at {lo:.3g}, the search's limit")
+        hi = lo * factor
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return Capacity(lo, (lo, hi), "")
+
+
+# Student's t, 97.5th percentile, by degrees of freedom (two-sided 95% interval); 30+ uses the normal's.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A mean over seeds with its two-sided 95% Student-t interval (``low == high == mean`` for one seed,
+    which says nothing about the noise: ``num_seeds`` tells)."""
+
+    mean: float
+    low: float
+    high: float
+    num_seeds: int
+
+    def overlaps(self, other: Estimate) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+def estimate(values: list[float]) -> Estimate:
+    """The mean of ``values`` (one per seed) and its 95% interval."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("estimate needs at least one value")
+    mean = sum(values) / n
+    if n == 1:
+        return Estimate(mean, mean, mean, 1)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+    return Estimate(mean, mean - half, mean + half, n)
+
+
+def compare(ours: Estimate, theirs: Estimate) -> str:
+    """"tie" where the intervals overlap (or either rests on one seed and the means are within 5%),
+    otherwise "higher" or "lower" for ``ours``."""
+    if ours.overlaps(theirs):
+        return "tie"
+    if min(ours.num_seeds, theirs.num_seeds) == 1 and abs(ours.mean - theirs.mean) <= 0.05 * max(ours.mean,
+                                                                                             theirs.mean):
+        return "tie"
+    return "higher" if ours.mean > theirs.mean else "lower"
+
+
+def ratio_estimate(ours: list[tuple[float, float]], theirs: list[tuple[float, float]]) -> Estimate:
+    """The ratio ours / theirs of two managers' capacities over the same seeds (the same arrivals: a paired
+    comparison, whose trace-to-trace noise cancels), from each seed's ``(capacity, failing rate)``.
+
+    The interval is the wider of the 95% Student-t interval of the per-seed log ratios and the
+    bisection's resolution (each capacity is known only to lie below its failing rate).
+    """
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"ratio_estimate needs the same seeds on both sides, got {len(ours)} and {len(theirs)}")
+    logs = [math.log(a / b) for (a, _), (b, _) in zip(ours, theirs)]
+    e = estimate(logs)
+    low = sum(a / b_hi for (a, _), (_, b_hi) in zip(ours, theirs)) / len(ours)
+    high = sum(a_hi / b for (_, a_hi), (b, _) in zip(ours, theirs)) / len(ours)
+    return Estimate(math.exp(e.mean), min(math.exp(e.low), low), max(math.exp(e.high), high), e.num_seeds)
