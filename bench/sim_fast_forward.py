@@ -45,14 +45,14 @@ class FastForward:
         self.bm = run.bm
         self.bs = run.bs
         self.clock = run.clock
-        self.executor = run.core.executor
+        self.executor = _simulated(run)
         self.paged = run.spec.kind == "paged"
         self.refused = None  # the queue's head, when the run's steps each try and fail to allocate it
 
     @staticmethod
     def applies(run) -> bool:
         """Whether the run's executor is the simulated one with filler tokens (the only one it models)."""
-        ex = run.core.executor
+        ex = _simulated(run)
         return type(ex) is SimulatedExecutor and ex.replay is None
 
     def advance(self, run) -> bool:
@@ -219,3 +219,10 @@ class FastForward:
         if upto > held:
             self.bm.append_tokens(seq.seq_id, seq.token_ids[held:upto])
         return upto
+
+
+def _simulated(run):
+    """The run's simulated executor, under the wrapper that watches each step's KV memory (whose work a
+    run does itself: see ``advance``)."""
+    ex = run.core.executor
+    return getattr(ex, "inner", ex)
