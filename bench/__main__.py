@@ -13,7 +13,7 @@ import sys
 import time
 
 STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "host_cost",
-           "kernel_study", "throughput_study", "engine_vs_hf")
+           "kernel_study", "throughput_study", "engine_vs_hf", "beam_study")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check"}
 
 

@@ -79,7 +79,7 @@ class _Beam:
 class _Group:
     """One prompt's search: its live beams, the rows they computed this round, its finished sequences."""
 
-    __slots__ = ("beams", "done", "finished", "next_child_index", "params", "rows", "spares")
+    __slots__ = ("beams", "done", "finished", "history", "next_child_index", "params", "rows", "spares")
 
     def __init__(self, first: Sequence, spares: list[Sequence], params: BeamSearchParams) -> None:
         self.params = params
@@ -89,6 +89,9 @@ class _Group:
         self.finished: list[tuple[list[int], list[float], float, str]] = []  # tokens, logprobs, cum, reason
         self.next_child_index = params.beam_width
         self.done = False
+        # each round's kept candidates as indices into the previous round's beams: the search's shape,
+        # which a study replays on a block manager without the model
+        self.history: list[list[int]] = []
 
 
 class BeamSearchRun:
@@ -152,6 +155,7 @@ class BeamSearchRun:
         logprobs = torch.log_softmax(rows, dim=-1)
         eos = frozenset() if p.ignore_eos else self.eos_token_ids
         kept, ended = select_candidates([b.cum_logprob for b in group.beams], logprobs, p.beam_width, eos)
+        group.history.append([c.beam for c in kept])
         for c in ended:
             beam = group.beams[c.beam]
             group.finished.append(([*beam.seq.token_ids, c.token], [*beam.logprobs, c.logprob], c.cum_logprob,
@@ -229,8 +233,10 @@ def beam_request_error(num_prompt_tokens: int, params: BeamSearchParams, *, bloc
     return None
 
 
-def run_beam_search(llm, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-    """``LLM.beam_search``: validate everything, then run the search on ``llm``'s engine."""
+def run_beam_search(llm, prompts, params: BeamSearchParams, *, history: list | None = None
+                    ) -> list[BeamSearchOutput]:
+    """``LLM.beam_search``: validate everything, then run the search on ``llm``'s engine. ``history``: a
+    list given here gets, per prompt, each round's kept beams as indices into the round before's."""
     if not isinstance(params, BeamSearchParams):
         raise InvalidArgumentError(
             f"beam_search takes BeamSearchParams(beam_width, max_tokens, ...), got {type(params).__name__}: "
@@ -269,4 +275,6 @@ def run_beam_search(llm, prompts, params: BeamSearchParams) -> list[BeamSearchOu
         search.add(ids, params, cache_salt=salt)
     search.run()
     llm._check_no_leak()
+    if history is not None:
+        history.extend(g.history for g in search.groups)
     return search.outputs(llm.tokenizer)
