@@ -75,8 +75,9 @@ def _comparison(by: dict, widths: list[int], shape: dict) -> str:
             f"{s['mean_distinct_parents']:.1f} of {w}" for w, s in shape.items()
             if s["mean_distinct_parents"] is not None)
         + " distinct parents per round (table above): beams that keep collapsing onto a few parents share "
-        "most of their history, so a search shaped like ours saves more than the paper's did. A real "
-        "model's trajectories (SmolLM2) are the next step to narrow this.",
+        "most of their history. The paper does not report how its searches branch; if OPT-13B's keep "
+        "more distinct parents, that would explain ours saving more. Trajectories recorded from a real "
+        "model (SmolLM2) would narrow the gap.",
         f"- ShareGPT: parallel {pct('sharegpt', 'parallel')}% (paper 16.2–30.5%), beam "
         f"{pct('sharegpt', 'beam')}% (paper 44.3–66.3%). Longer prompts make the shared part larger; the "
         "paper's ShareGPT outputs came from the model, ours are synthetic lengths, and its trajectories "
