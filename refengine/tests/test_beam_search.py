@@ -196,3 +196,30 @@ def test_bad_input_names_the_option_and_leaves_the_engine_usable(hf_folder):
         assert not engine.scheduler.has_unfinished()
         out = engine.beam_search([PROMPTS[0]], BeamSearchParams(beam_width=2, max_tokens=3))
         assert len(out[0].sequences) == 2
+
+
+def test_a_failed_step_frees_every_beam_and_the_engine_goes_on(hf_folder, monkeypatch):
+    """The model fails mid-search (beams forked, blocks shared): the error propagates, every request's
+    beams are dropped with their blocks, and the next search runs as on a fresh engine."""
+    _, folder, _ = hf_folder
+    params = BeamSearchParams(beam_width=3, max_tokens=MAX_TOKENS, ignore_eos=True)
+    want = _llm(folder).beam_search(list(PROMPTS), params)
+    llm = _llm(folder)
+    real = llm.executor.forward_logits
+    calls = []
+
+    def failing(out):
+        calls.append(1)
+        if len(calls) == 4:
+            assert llm.block_manager.metrics().forks > 0  # the failure meets shared blocks
+            raise RuntimeError("device lost")
+        return real(out)
+
+    monkeypatch.setattr(llm.executor, "forward_logits", failing)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.beam_search(list(PROMPTS), params)
+    assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+    assert not llm.scheduler.has_unfinished()
+    llm.block_manager.check_invariants()
+    got = llm.beam_search(list(PROMPTS), params)
+    assert [[s.tokens for s in o.sequences] for o in got] == [[s.tokens for s in o.sequences] for o in want]
