@@ -191,6 +191,8 @@ def test_bad_input_names_the_option_and_leaves_the_engine_usable(hf_folder):
     with pytest.raises(InvalidRequestError, match=r"prompt 1: beam_width=5 can never fit the KV pool.*"
                                                   r"beam_width <= 4 fits"):
         big.beam_search([PROMPTS[2], PROMPTS[0]], BeamSearchParams(beam_width=5, max_tokens=MAX_TOKENS))
+    with pytest.raises(InvalidArgumentError, match=r"beam search needs the paged allocator.*'contiguous'"):
+        _llm(folder, allocator="contiguous", max_model_len=16).beam_search([PROMPTS[0]], BeamSearchParams(2, 2))
     for engine in (llm, big):
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
         assert not engine.scheduler.has_unfinished()
