@@ -2,7 +2,9 @@
 
 Pools of 1-8 blocks and block sizes 1, 2, 3, 16 make exhaustion and block edges common. Rules:
 allocate (a few shared prompt prefixes, salts, publish or not, and an immediate twin of the prompt),
-append, fork, free, publish, and prefix hits on a live sequence's tokens. The model keeps each
+append, fork, free, publish, prefix hits on a live sequence's tokens, and beam search's steps: a
+round that forks beams kept several times, frees beams not kept and appends into shared partial blocks
+(a refused append fails the round and frees its whole group), and a group preempted at once. The model keeps each
 sequence's tokens, salt and table, and, for every physical block, the *content* of the KV written in
 it: ``(salt, every token up to the last written slot)``. After every step it checks:
 
@@ -112,7 +114,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def append(self, data, token):
         self.do_append(data.draw(st.sampled_from(sorted(self.seqs))), token)
 
-    def do_append(self, sid: int, token: int) -> None:
+    def do_append(self, sid: int, token: int) -> bool:
+        """Append through the block manager and check it against the model; False: refused (no block)."""
         seq, bs = self.seqs[sid], self.bs
         n, old = len(seq["tokens"]), list(seq["table"])
         shared = n % bs != 0 and self.refs()[old[-1]] > 1
@@ -124,7 +127,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         except OutOfBlocksError:
             assert needs_block and self.bm.num_free_blocks == 0
             self.rejected(lambda: self.bm.append_token(sid, token), list(self.seqs))
-            return
+            return False
         table = self.bm.block_table(sid)
         if n % bs == 0:
             assert copies == [] and table[:-1] == old and before_refs.get(table[-1], 0) == 0
@@ -143,17 +146,57 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if seq["computed"] == n:
             self.write(seq, n + 1)
         assert self.bm.ref_count(table[-1]) == 1, "the block just written is shared"
+        return True
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), diverge=st.booleans(), token=st.integers(0, 9))
     def fork(self, data, diverge, token):
         sid, child = data.draw(st.sampled_from(sorted(self.seqs))), self.next_id
+        self.do_fork(sid)
+        if diverge:  # the child samples its own token at once (parallel sampling): copy-on-write
+            self.do_append(child, token)
+
+    def do_fork(self, sid: int) -> int:
+        child = self.next_id
         self.bm.fork(sid, child)
         parent = self.seqs[sid]
         self.seqs[child] = {**parent, "tokens": list(parent["tokens"]), "table": list(parent["table"])}
         self.next_id += 1
-        if diverge:  # the child samples its own token at once (parallel sampling): copy-on-write
-            self.do_append(child, token)
+        return child
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 9), min_size=6, max_size=6))
+    def beam_step(self, data, tokens):
+        """One round of beam search over a group of live sequences: a beam kept k times forks k - 1
+        children, a beam not kept is freed at once, then every kept beam appends its token (copy-on-write
+        inside a shared partial block). A refused append fails the step: the whole group is freed (the
+        engine aborts the request), and nothing may leak."""
+        beams = data.draw(st.lists(st.sampled_from(sorted(self.seqs)), min_size=1, max_size=4, unique=True),
+                          label="beams")
+        kept = data.draw(st.lists(st.sampled_from(beams), min_size=1, max_size=6), label="kept")
+        group, seen = [], set()
+        for parent in kept:
+            group.append(self.do_fork(parent) if parent in seen else parent)
+            seen.add(parent)
+        for sid in beams:
+            if sid not in seen:
+                self.bm.free(sid)
+                del self.seqs[sid]
+        for sid, token in zip(group, tokens):
+            if not self.do_append(sid, token):
+                self.free_group(group)
+                return
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def preempt_group(self, data):
+        """A group preempted (or finished, or aborted): every sequence of it freed in one go."""
+        self.free_group(data.draw(st.lists(st.sampled_from(sorted(self.seqs)), min_size=1, unique=True)))
+
+    def free_group(self, sids: list[int]) -> None:
+        for sid in sids:
+            self.bm.free(sid)
+            del self.seqs[sid]
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())

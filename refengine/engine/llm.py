@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
+from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
@@ -250,6 +251,20 @@ class LLM:
         """Abort every queued request (see :meth:`abort`)."""
         self.core.abort_all()
 
+    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool | None = None
+                    ) -> list[BeamSearchOutput]:
+        """Beam search over ``prompts`` (as :meth:`generate` takes them); one BeamSearchOutput per prompt,
+        its sequences best first (:mod:`~pagedbench.refengine.engine.beam_search` gives the rules).
+
+        Raises InvalidArgumentError for params that are not BeamSearchParams (beam search honours no
+        sampling option: ``n``, ``top_p``, seeds...) or an allocator that cannot fork, and
+        InvalidRequestError listing every prompt it cannot serve, before running anything.
+        """
+        from pagedbench.refengine.engine.beam_search import run_beam_search
+
+        del use_tqdm  # accepted for vLLM's signature; the search shows no bar
+        return run_beam_search(self, prompts, params)
+
     def step(self) -> list[Sequence]:
         """Run one engine step; returns the sequences that finished in it. A step that raises is rolled
         back first (its requests stay queued), so the caller may step on."""
@@ -275,6 +290,8 @@ class LLM:
             raise InvalidArgumentError("prompts is a flat list of ints: pass a list of prompts, e.g. [ids]")
         if sampling_params is None:
             sampling_params = SamplingParams()
+        if isinstance(sampling_params, BeamSearchParams):
+            raise InvalidArgumentError("generate takes SamplingParams; for BeamSearchParams call beam_search")
         if isinstance(sampling_params, SamplingParams):
             return list(prompts), [sampling_params] * len(prompts)
         params = list(sampling_params)

@@ -51,12 +51,31 @@ class ModelExecutor:
         rewind_generator(generator, num_draws)
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        if out.copies:
-            self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])
+        self.apply_copies(out)
         return self._run(out)
 
     def _run(self, out: SchedulerOutput) -> StepResult:
         """Run the model on the step's tokens and sample: seq_id -> new token (and logprobs)."""
+        samplers, logits = self.forward_logits(out)
+        if not samplers:
+            return StepResult({})
+        if any(s.pending_children for s in samplers):
+            # a just-prefilled parent's children sample from its row too
+            seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]
+            logits = logits[torch.tensor([row for row, _ in seqs], device=logits.device)]
+            samplers = [s for _, s in seqs]
+        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
+        sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
+        wanted = [s.params.logprobs for s in samplers]
+        if wanted.count(None) == len(wanted):
+            return StepResult(sampled)
+        rows = token_logprobs(logits, tokens, wanted)
+        return StepResult(sampled, logprobs={s.seq_id: e for s, e in zip(samplers, rows) if e is not None})
+
+    def forward_logits(self, out: SchedulerOutput) -> tuple[list, torch.Tensor | None]:
+        """Run the model on the step's tokens (its copy-on-write copies already applied); returns the
+        sequences that reached their last token and their logits rows (float32 ``[len, vocab]``; None
+        when no sequence did). Samples nothing: beam search reads the rows itself."""
         step = self.tables.step_inputs(out)
         if self.check_block_tables:
             self.tables.check(out)
@@ -73,7 +92,7 @@ class ModelExecutor:
         chunks = out.chunks
         samplers = [c.seq for c in chunks if c.samples]  # one per logits row
         if not samplers:
-            return StepResult({})
+            return [], None
         last = meta.last_token_indices()
         if len(samplers) < len(chunks):
             last = last[torch.tensor([i for i, c in enumerate(chunks) if c.samples], device=device)]
@@ -83,15 +102,9 @@ class ModelExecutor:
             logits = self.model.compute_logits(hidden[last])  # float32 [len(samplers), vocab]
         if self.logits_hook is not None:
             self.logits_hook([s.seq_id for s in samplers], logits)
-        if any(s.pending_children for s in samplers):
-            # a just-prefilled parent's children sample from its row too
-            seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]
-            logits = logits[torch.tensor([row for row, _ in seqs], device=device)]
-            samplers = [s for _, s in seqs]
-        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
-        sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
-        wanted = [s.params.logprobs for s in samplers]
-        if wanted.count(None) == len(wanted):
-            return StepResult(sampled)
-        rows = token_logprobs(logits, tokens, wanted)
-        return StepResult(sampled, logprobs={s.seq_id: e for s, e in zip(samplers, rows) if e is not None})
+        return samplers, logits
+
+    def apply_copies(self, out: SchedulerOutput) -> None:
+        """Apply the step's copy-on-write copies to the KV pool (before the model runs)."""
+        if out.copies:
+            self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])

@@ -9,12 +9,15 @@ With ``policy="mixed"`` (today's vLLM, chunked prefill) one step holds, in this 
    sampled token has no room yet gets it now (``append_token``, which may ask for a copy-on-write
    copy). When the pool has no free block the *newest* running sequence is preempted (recompute: its
    blocks are freed and it goes back to the waiting queue, ahead of every request that never ran) and
-   the append retried; a sequence may preempt itself.
+   the append retried; a sequence may preempt itself. Preemption is all-or-nothing per request (the
+   paper's §4.5): every running sequence of the victim's request (its ``n`` samples, its beams) goes.
 2. *prefill chunks* of running sequences still computing their prompt, oldest first, each as many
    tokens as the budget leaves.
 3. *admission*: waiting sequences in priority order (FCFS; a preempted one is older than any new one,
    so preempted sequences resume first, in arrival order) while the allocator can hold them, seats and
-   budget remain; the head of the queue blocks the rest. The allocator counts prefix-cache hits (only
+   budget remain; the head of the queue blocks the rest. A request's waiting sequences are admitted
+   together or not at all, unless, recomputed apart (recompute cannot share their blocks again), they
+   could never fit the pool together: then one by one. The allocator counts prefix-cache hits (only
    the blocks a prompt must take are needed) and keeps ``watermark_blocks`` free for running sequences.
 
 With ``policy="separate"`` (vLLM v0.1, the paper's system) a step is either prompts or decodes: prefill
@@ -222,7 +225,12 @@ class Scheduler:
                     pairs = append(seq.seq_id, tokens[-1])
                 except OutOfBlocksError:
                     if not self._append(seq, copies, preempted):
-                        continue  # seq preempted itself: running[i] is now the next one
+                        # seq's request was the newest: every sequence after it went too, and so did
+                        # its siblings planned earlier in this pass
+                        kept = [c for c in chunks if c.seq.status is SequenceStatus.RUNNING]
+                        budget += len(chunks) - len(kept)
+                        chunks[:] = kept
+                        continue
                 else:
                     seq.num_table_tokens += 1
                     if pairs:
@@ -252,16 +260,26 @@ class Scheduler:
             try:
                 pairs = self.block_manager.append_token(seq.seq_id, seq.token_ids[-1])
             except OutOfBlocksError:
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted.append(victim.seq_id)
-                if victim is seq:
+                group = self._newest_group()
+                for victim in group:
+                    self._preempt(victim)
+                    preempted.append(victim.seq_id)
+                if seq in group:
                     return False
                 continue
             seq.num_table_tokens += 1
             if pairs:
                 copies.extend(BlockCopy(src, dst) for src, dst in pairs)
             return True
+
+    def _newest_group(self) -> list[Sequence]:
+        """The running sequences of the newest running request (the tail of ``running``)."""
+        running = self.running
+        rid = running[-1].request_id
+        i = len(running) - 1
+        while i > 0 and running[i - 1].request_id == rid:
+            i -= 1
+        return running[i:]
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq.seq_id)
@@ -275,35 +293,64 @@ class Scheduler:
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
         if not self.waiting:
             return budget
-        bm = self.block_manager
         seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
-            if seats + seq.seats > self.max_num_seqs:
+        waiting = self.waiting
+        while waiting and budget > 0:
+            rid = waiting[0].request_id
+            size = 1
+            while size < len(waiting) and waiting[size].request_id == rid:
+                size += 1
+            group = waiting[:size]  # a request's waiting sequences (several after a group preemption)
+            if size > 1 and not self._fits_together(group):
+                group, size = group[:1], 1  # recomputed apart, they could never run together: one by one
+            if seats + sum(s.seats for s in group) > self.max_num_seqs:
                 break
-            kwargs = {}
-            if self.prefix_caching:
-                kwargs = {"publish": False, "cache_salt": seq.cache_salt}
-            if self.watermark_blocks:
-                kwargs["reserve_free_blocks"] = self.watermark_blocks
-            if self._wants_output_len:
-                kwargs["output_len"] = seq.params.max_tokens - seq.num_output_tokens
-            try:  # a refused allocation changes nothing
-                cached = bm.allocate(seq.seq_id, seq.token_ids, **kwargs)
+            taken: list[Sequence] = []
+            try:  # a refused allocation changes nothing; a refused group gives back what it took
+                for seq in group:
+                    cached = self._allocate(seq)
+                    taken.append(seq)
+                    seq.num_computed_tokens = cached
             except OutOfBlocksError:
+                for seq in taken:
+                    self.block_manager.free(seq.seq_id)
+                    seq.num_computed_tokens = 0
                 break
-            self.waiting.pop(0)
-            seats += seq.seats
-            seq.status = SequenceStatus.RUNNING
-            seq.num_table_tokens = seq.num_admitted_tokens = seq.num_tokens
-            seq.num_computed_tokens = cached
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = cached
-            bisect.insort(self.running, seq, key=lambda s: s.priority)
-            n = min(seq.num_uncomputed_tokens, budget)
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
-            budget -= n
+            del waiting[:size]
+            for seq in group:
+                seats += seq.seats
+                seq.status = SequenceStatus.RUNNING
+                seq.num_table_tokens = seq.num_admitted_tokens = seq.num_tokens
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = seq.num_computed_tokens
+                bisect.insort(self.running, seq, key=lambda s: s.priority)
+                n = min(seq.num_uncomputed_tokens, budget)
+                if n > 0:  # a group's later members may wait for the next step's prefill chunks
+                    chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
+                    budget -= n
         return budget
+
+    def _fits_together(self, group: list[Sequence]) -> bool:
+        """Whether ``group``, each member holding its own blocks, fits the whole pool (a recomputed group
+        shares no blocks)."""
+        bm = self.block_manager
+        footprint = getattr(bm, "footprint_blocks", None)
+        if footprint is None:
+            need = sum(-(-s.num_tokens // bm.block_size) for s in group)
+        else:
+            need = sum(footprint(s.num_tokens, output_len=s.params.max_tokens - s.num_output_tokens)
+                       for s in group)
+        return need + self.watermark_blocks <= bm.num_blocks
+
+    def _allocate(self, seq: Sequence) -> int:
+        kwargs = {}
+        if self.prefix_caching:
+            kwargs = {"publish": False, "cache_salt": seq.cache_salt}
+        if self.watermark_blocks:
+            kwargs["reserve_free_blocks"] = self.watermark_blocks
+        if self._wants_output_len:
+            kwargs["output_len"] = seq.params.max_tokens - seq.num_output_tokens
+        return self.block_manager.allocate(seq.seq_id, seq.token_ids, **kwargs)
 
     # --- after the step ------------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: Mapping[int, int]) -> list[Sequence]:
@@ -358,14 +405,10 @@ class Scheduler:
 
     def _fork_children(self, seq: Sequence) -> list[Sequence]:
         """Fork ``seq``'s pending children from its just-computed prompt; returns ``seq`` and them."""
-        bm = self.block_manager
         children = seq.pending_children
         self._forks.append((seq, children))
         for child in children:
-            bm.fork(seq.seq_id, child.seq_id)
-            child.status = SequenceStatus.RUNNING
-            child.num_computed_tokens = child.num_table_tokens = seq.num_computed_tokens
-            bisect.insort(self.running, child, key=lambda s: s.priority)
+            self.fork(seq, child)
         seq.pending_children = []
         return [seq, *children]
 
@@ -420,6 +463,28 @@ class Scheduler:
             seqs.append(seq)
         self.num_rollbacks += 1
         return seqs
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run ``child`` on ``parent``'s blocks (shared until one of them appends into a shared block).
+
+        ``parent`` is running with every token in its table computed; ``child.token_ids`` starts with
+        those tokens (it may hold one more, its next token, which the next step appends).
+        """
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        child.status = SequenceStatus.RUNNING
+        child.num_computed_tokens = child.num_table_tokens = parent.num_table_tokens
+        bisect.insort(self.running, child, key=lambda s: s.priority)
+
+    def finish_now(self, seq: Sequence, reason: str) -> None:
+        """End ``seq`` outside a step's update (beam search prunes a beam or ends its request): its
+        blocks, if it holds any, are freed at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.block_manager.free(seq.seq_id)
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
 
     def _finish(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
         """Finish ``seq`` (its blocks freed) if ``token``, just appended, ends it."""

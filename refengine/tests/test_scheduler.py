@@ -111,3 +111,41 @@ def test_update_refuses_tokens_for_sequences_that_did_not_sample():
     out = sched.schedule()  # seq 0's whole prompt samples; seq 1's first chunk does not
     with pytest.raises(RuntimeError, match="tokens for 2 sequences, of which 1 sampled"):
         sched.update(out, {0: 1, 1: 1})
+
+
+def test_scheduler_preempts_and_readmits_a_request_all_or_nothing():
+    """The paper's §4.5: when a forked child's copy-on-write finds no block, every sequence of the newest
+    request goes (the sibling already planned this step too), and they come back together."""
+    bm, sched = make_scheduler(6, 2)
+    sched.add(make_seq(0, 4, max_tokens=2))  # 2 full blocks: its first decode needs a third
+    parent = make_seq(1, 3, n=3)
+    parent.pending_children = [Sequence(i, 1, i - 1, list(parent.token_ids), 3, parent.params, None)
+                               for i in (2, 3)]
+    sched.add(parent)
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 4), (1, 0, 3)] and bm.num_free_blocks == 2
+    assert [s.seq_id for s in sched.running] == [0, 1, 2, 3]  # children forked, sharing 2 blocks
+    out, finished = run_step(sched)
+    # seq 0 takes a block, seq 1 copies its shared block on write, seq 2 finds none: request 1 goes whole
+    assert out.preempted_seq_ids == (1, 2, 3)
+    assert plan(out) == [(0, 4, 1)]  # seq 1's decode, planned before seq 2 failed, is dropped
+    assert [s.seq_id for s in sched.waiting] == [1, 2, 3] and [s.seq_id for s in finished] == [0]
+    assert bm.num_free_blocks == 6
+    out, _ = run_step(sched)
+    # all of them together; each recomputes past the prompt block the prefix cache kept
+    assert plan(out) == [(1, 2, 2), (2, 2, 2), (3, 2, 2)]
+    bm.check_invariants()
+
+
+def test_scheduler_admits_a_request_whole_or_not_at_all():
+    """A preempted request whose sequences fit the pool together waits until all of them fit; the refused
+    attempt takes nothing."""
+    bm, sched = make_scheduler(6, 2)
+    sched.add(make_seq(0, 2, max_tokens=3))  # 1 block, grows to 2
+    group = [make_seq(i, 4, request_id=1) for i in (1, 2, 3)]  # recomputed apart: 2 blocks each
+    for i, s in enumerate(group):
+        s.child_index = i
+        sched.add(s)
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 2)] and bm.num_free_blocks == 5  # 2 of 3 would fit: the group waits whole
+    assert [s.seq_id for s in sched.waiting] == [1, 2, 3]
