@@ -71,6 +71,12 @@ class Implementation:
     def contiguous_decode(self, q, k, v, seq_lens, *, scale=None, out=None) -> Any:
         raise self._unsupported("contiguous_decode")
 
+    # --- combining partial attentions ----------------------------------------------------------------
+    def merge_attn_states(self, out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None) -> Any:
+        """(out, lse) of the attention over key sets A and B from each part's output and natural-log LSE
+        (``kernels.merge_attn_states``); an adapter of a peer with log2 LSEs converts them (x ln 2)."""
+        raise self._unsupported("merge_attn_states")
+
     # --- KV cache writes ---------------------------------------------------------------------------
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         raise self._unsupported("write_kv")

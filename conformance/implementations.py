@@ -53,6 +53,11 @@ class TritonImplementation(Implementation):
 
         return contiguous_decode(*args, **kwargs)
 
+    def merge_attn_states(self, *args, **kwargs):
+        from pagedbench.kernels import merge_attn_states
+
+        return merge_attn_states(*args, **kwargs)
+
     def write_kv(self, *args, **kwargs):
         from pagedbench.kernels import write_kv
 
@@ -82,6 +87,11 @@ class TorchReferenceImplementation(Implementation):
         from pagedbench.kernels import reference
 
         return reference.contiguous_decode(*args, **kwargs)
+
+    def merge_attn_states(self, *args, **kwargs):
+        from pagedbench.kernels import reference
+
+        return reference.merge_attn_states(*args, **kwargs)
 
     def write_kv(self, *args, **kwargs):
         from pagedbench.kernels import reference

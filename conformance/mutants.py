@@ -57,6 +57,13 @@ class ControlImplementation(Implementation):
     def _output_buffer(self, q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         return torch.empty_like(q) if out is None else out
 
+    def _merge_weights(self, lse_a: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(weight of A, weight of B, merged LSE) from natural-log LSEs; a -inf part weighs 0."""
+        lse = torch.logaddexp(lse_a, lse_b)
+        safe = torch.where(torch.isfinite(lse), lse, 0.0)
+        w_a = torch.where(torch.isinf(lse_a), 0.0, torch.exp(lse_a - safe))
+        return w_a, torch.where(torch.isinf(lse_b), 0.0, torch.exp(lse_b - safe)), lse
+
     # --- building blocks -----------------------------------------------------------------------------
     def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
@@ -109,6 +116,16 @@ class ControlImplementation(Implementation):
         q_lens = [b - a for a, b in itertools.pairwise(cu)]
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, sliding_window, out,
                          return_lse)
+
+    def merge_attn_states(self, out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None):
+        w_a, w_b, lse = self._merge_weights(lse_a.to(torch.float32), lse_b.to(torch.float32))
+        merged = sum(torch.where(w[..., None] > 0, o.to(torch.float32), 0.0) * w[..., None]
+                     for o, w in ((out_a, w_a), (out_b, w_b)))
+        out = torch.empty_like(out_a) if out is None else out
+        out_lse = torch.empty_like(lse) if out_lse is None else out_lse
+        out.copy_(merged)
+        out_lse.copy_(lse)
+        return out, out_lse
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):  # flat offsets need a dense layout
@@ -216,6 +233,22 @@ class IgnoresOut(_Mutant):
 
     def _output_buffer(self, q, out):
         return torch.empty_like(q)
+
+
+@register("mutant-merge-log2")
+class MergeLog2(_Mutant):
+    """Reads natural-log LSEs as log2 (weights 2^(lse - max)), as an adapter of a log2 kernel that
+    forgot to convert would: right only when both parts' LSEs are equal."""
+
+    breaks = "merge"
+
+    def _merge_weights(self, lse_a, lse_b):
+        m = torch.maximum(lse_a, lse_b)
+        safe = torch.where(torch.isfinite(m), m, 0.0)
+        w_a, w_b = torch.exp2(lse_a - safe), torch.exp2(lse_b - safe)
+        total = w_a + w_b
+        lse = torch.where(total > 0, safe + torch.log2(total.clamp_min(1e-38)), -math.inf)
+        return w_a / total.clamp_min(1e-38), w_b / total.clamp_min(1e-38), lse
 
 
 @register("mutant-no-cow")

@@ -84,6 +84,13 @@ def _launch_values(kernel: str, group: int, head_dim: int, *, paged: bool = True
                 **_strides("v", "t,h,d", (tokens, kvh, head_dim)), **_strides("slot", "t", (tokens,))}
     if kernel == "_copy_blocks_kernel":
         return {**caches, **_strides("pairs", "n,c", (64, 2))}
+    if kernel == "_merge_attn_states_kernel":
+        h = kvh * group
+        parts = {**_strides("oa", "t,h,d", (tokens, h, head_dim)), **_strides("ob", "t,h,d", (tokens, h, head_dim)),
+                 **_strides("o", "t,h,d", (tokens, h, head_dim))}
+        lses = {**_strides("la", "t,h", (tokens, h)), **_strides("lb", "t,h", (tokens, h)),
+                **_strides("l", "t,h", (tokens, h))}
+        return {"num_rows": tokens * h, "num_heads": h, "head_dim": head_dim, **parts, **lses}
     raise ValueError(f"no representative launch for {kernel}")
 
 
@@ -147,11 +154,11 @@ class _Operand:
         return self._size
 
 
-def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
+def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]:
     """(compiled kernel, pointer types, constexprs, num_warps, num_stages, runtime integers) for the launchers' GPU
     configurations (``fast``: one pinned configuration per kernel); ``attn_k`` and ``cache_k`` are the
-    freshly loaded kernel modules."""
-    from pagedbench.kernels import attention, cache_ops  # the tile choices
+    freshly loaded kernel modules (``merge_k`` too, when given)."""
+    from pagedbench.kernels import attention, cache_ops, merge  # the tile choices
     attn_ptrs = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
                  "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
                  "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
@@ -195,6 +202,12 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
     block = cache_ops.copy_blocks_tile(16 * 8 * 128, False)
     cases.append((cache_k._copy_blocks_kernel, cache_ptrs, {"BLOCK": block}, 4, 3,
                   _launch_values("_copy_blocks_kernel", 4, 128)))
+    if merge_k is not None:
+        merge_ptrs = {"out_a_ptr": f"*{dtype}", "lse_a_ptr": "*fp32", "out_b_ptr": f"*{dtype}", "lse_b_ptr": "*fp32",
+                      "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
+        rows, dims = merge.merge_tiles(128, interpret=False)
+        cases.append((merge_k._merge_attn_states_kernel, merge_ptrs, {"BLOCK_R": rows, "BLOCK_D": dims}, 4, 3,
+                      _launch_values("_merge_attn_states_kernel", 4, 128)))
     return cases
 
 
@@ -209,6 +222,7 @@ def _compile_all(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     attn_k, cache_k = _load_compiled("attention_kernels"), _load_compiled("cache_kernels")
+    merge_k = _load_compiled("merge_kernels")
     sys.path.insert(0, str(HERE.parent))
     from pagedbench import kernels  # noqa: F401  (for the tile choices; it may switch the interpreter knob on again)
 
@@ -221,7 +235,7 @@ def _compile_all(argv: list[str]) -> int:
     problems, rows = [], []
     count = 0
     for dtype in args.dtypes.split(","):
-        for fn, ptrs, consts, warps, stages, values in _cases(dtype, attn_k, cache_k, args.fast):
+        for fn, ptrs, consts, warps, stages, values in _cases(dtype, attn_k, cache_k, args.fast, merge_k):
             sig, all_consts, attrs = _specialise(fn, ptrs, consts, values)
             src = ASTSource(fn, sig, constexprs=all_consts, attrs=attrs)
             compiled = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})

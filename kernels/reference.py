@@ -28,6 +28,7 @@ from pagedbench.kernels.validation import (
     REFERENCE_DTYPES,
     check_contiguous_decode,
     check_copy_blocks,
+    check_merge_attn_states,
     check_paged_decode,
     check_paged_prefill,
     check_write_kv,
@@ -173,3 +174,32 @@ def copy_blocks(k_cache, v_cache, pairs, *, validate=None):
     src, dst = pairs[:, 0].long(), pairs[:, 1].long()
     k_cache[dst] = k_cache[src]
     v_cache[dst] = v_cache[src]
+
+
+def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None):
+    """The attention over key sets A and B from the attentions over each (cascade attention's merge).
+
+    out_a, out_b ``[num_tokens, num_heads, head_dim]``; lse_a, lse_b ``[num_tokens, num_heads]``, the
+    natural-log LSEs (float32; float64 beside float64 outputs), ``-inf`` for a part with no key::
+
+        lse = logaddexp(lse_a, lse_b)      out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+
+    A part with LSE ``-inf`` is not read (its output may be NaN); both ``-inf`` give 0 and ``-inf``.
+    Computed in float32 (float64 for float64). Returns (out like out_a, lse).
+    """
+    check_merge_attn_states(out_a, lse_a, out_b, lse_b, out=out, out_lse=out_lse, dtypes=REFERENCE_DTYPES)
+    ct = _compute_dtype(out_a.dtype)
+    la, lb = lse_a.to(ct), lse_b.to(ct)
+    lse = torch.logaddexp(la, lb)
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, 0.0)
+    w_a = torch.where(finite & (la > -math.inf), torch.exp(la - safe), 0.0)[..., None]
+    w_b = torch.where(finite & (lb > -math.inf), torch.exp(lb - safe), 0.0)[..., None]
+    merged = (torch.where(w_a > 0, out_a.to(ct), 0.0) * w_a + torch.where(w_b > 0, out_b.to(ct), 0.0) * w_b)
+    if out is None:
+        out = torch.empty_like(out_a)
+    if out_lse is None:
+        out_lse = torch.empty(lse_a.shape, dtype=_lse_dtype(out_a.dtype), device=out_a.device)
+    out.copy_(merged.to(out.dtype))
+    out_lse.copy_(lse.to(out_lse.dtype))
+    return out, out_lse

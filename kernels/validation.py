@@ -327,3 +327,32 @@ def check_copy_blocks(k_cache, v_cache, pairs, *, validate=None, dtypes=KERNEL_D
             raise KernelInputError("pairs: destination blocks must be distinct")
         if torch.isin(dst, src).any():
             raise KernelInputError("pairs: a destination block must not also be a source")
+
+
+def check_merge_attn_states(out_a, lse_a, out_b, lse_b, *, out, out_lse, dtypes=KERNEL_DTYPES) -> None:
+    """All checks of ``merge_attn_states``: outputs ``[num_tokens, num_heads, head_dim]`` of one dtype,
+    LSEs ``[num_tokens, num_heads]`` float32 (float64 beside float64 outputs), all on one device; a
+    caller's ``out=`` / ``out_lse=`` shaped and typed like the result. No value is read (no sync)."""
+    layout = "[num_tokens, num_heads, head_dim]"
+    check_tensor(out_a, "out_a", 3, layout, dtypes)
+    check_tensor(out_b, "out_b", 3, layout, dtypes)
+    check_same(out_b, "out_b", out_a, "out_a")
+    for i, what in ((1, "num_heads"), (2, "head_dim")):
+        if out_a.shape[i] < 1:
+            raise KernelInputError(f"out_a: {what} (out_a.shape[{i}]) must be >= 1; got {out_a.shape[i]}")
+    lse_dtype = torch.float64 if out_a.dtype == torch.float64 else torch.float32
+    for t, name in ((lse_a, "lse_a"), (lse_b, "lse_b")):
+        check_tensor(t, name, 2, "[num_tokens, num_heads]", (lse_dtype,))
+        check_dim(name, "shape [num_tokens, num_heads] (out_a.shape[:2])", tuple(out_a.shape[:2]), tuple(t.shape))
+    for t, name in ((out_b, "out_b"), (lse_a, "lse_a"), (lse_b, "lse_b"), (out, "out"), (out_lse, "out_lse")):
+        if isinstance(t, torch.Tensor) and t.device != out_a.device:
+            raise KernelInputError(f"{name} must be on {out_a.device} (the device of out_a); got {t.device}")
+    if out is not None and isinstance(out, torch.Tensor) and out.dtype != out_a.dtype:
+        raise KernelDtypeError(f"out must have dtype {out_a.dtype} (the dtype of out_a); got {out.dtype}")
+    check_out(out, tuple(out_a.shape), out_a.dtype, out_a.device)
+    if out_lse is not None:
+        if not isinstance(out_lse, torch.Tensor):
+            raise KernelDtypeError(f"out_lse must be a torch.Tensor or None; got {type(out_lse).__name__}")
+        check_dim("out_lse", "shape [num_tokens, num_heads]", tuple(out_a.shape[:2]), tuple(out_lse.shape))
+        if out_lse.dtype != lse_dtype:
+            raise KernelDtypeError(f"out_lse must have dtype {lse_dtype}; got {out_lse.dtype}")

@@ -24,5 +24,5 @@ def test_fast_compile_check_passes(tmp_path):
     assert len(prefill) == 2 and all("tensor-core instructions 0" not in line for line in prefill), prefill
     report = json.loads((tmp_path / "compile_check.json").read_text())
     rows = report["configurations"]
-    assert len(rows) == 15 and all(r["stack_bytes"] == 0 and not r["problems"] for r in rows)
-    assert "**15 of 15 configurations pass.**" in (tmp_path / "compile_check.md").read_text()
+    assert len(rows) == 18 and all(r["stack_bytes"] == 0 and not r["problems"] for r in rows)
+    assert "**18 of 18 configurations pass.**" in (tmp_path / "compile_check.md").read_text()
