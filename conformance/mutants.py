@@ -40,6 +40,9 @@ class ControlImplementation(Implementation):
     def _kv_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         return torch.arange(num_heads) // (num_heads // num_kv_heads)
 
+    def _offset_in_block(self, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+        return pos % block_size
+
     def _slot_offsets(self, slots: torch.Tensor, elements_per_slot: int) -> torch.Tensor:
         return slots.to(torch.int64) * elements_per_slot
 
@@ -77,7 +80,7 @@ class ControlImplementation(Implementation):
         bs = cache.shape[1]
         pos = self._positions(seq_len, bs)
         blocks = self._physical_blocks(table_row, pos // bs, math.ceil(seq_len / bs))
-        return self._read_slots(cache, blocks * bs + pos % bs).to(torch.float32), pos
+        return self._read_slots(cache, blocks * bs + self._offset_in_block(pos, bs)).to(torch.float32), pos
 
     def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window):
         k, key_pos = self._logical_kv(k_cache, table_row, seq_len)
@@ -183,6 +186,31 @@ class WrongGqaMapping(_Mutant):
         return torch.arange(num_heads) % num_kv_heads
 
 
+@register("mutant-gqa-group-past-8")
+class GqaGroupPast8(_Mutant):
+    """Groups larger than 8 are tiled in 8 heads and tile t reads KV head t (mod num_kv_heads): right for
+    every group up to 8, wrong for 12 and 16."""
+
+    breaks = "merge_and_shapes"
+
+    def _kv_heads(self, num_heads, num_kv_heads):
+        group = num_heads // num_kv_heads
+        if group <= 8:
+            return torch.arange(num_heads) // group
+        return (torch.arange(num_heads) // 8) % num_kv_heads
+
+
+@register("mutant-8-bit-block-offset")
+class EightBitBlockOffset(_Mutant):
+    """Keeps a token's offset in its block in 8 bits: right for blocks of up to 256 tokens, wrong in the
+    second half of every block of 512."""
+
+    breaks = "merge_and_shapes"
+
+    def _offset_in_block(self, pos, block_size):
+        return (pos % block_size) & 0xFF
+
+
 @register("mutant-swapped-blocks")
 class SwappedBlocks(_Mutant):
     """Logical blocks 0 and 1 read each other's physical block."""
@@ -240,7 +268,7 @@ class MergeLog2(_Mutant):
     """Reads natural-log LSEs as log2 (weights 2^(lse - max)), as an adapter of a log2 kernel that
     forgot to convert would: right only when both parts' LSEs are equal."""
 
-    breaks = "merge"
+    breaks = "merge_and_shapes"
 
     def _merge_weights(self, lse_a, lse_b):
         m = torch.maximum(lse_a, lse_b)
