@@ -105,12 +105,16 @@ def _specialise(fn, pointers: dict[str, str], constexprs: dict[str, object], val
     from triton.backends.compiler import BaseBackend
 
     sig, consts, attrs = {}, dict(constexprs), {}
-    for i, arg in enumerate(inspect.signature(fn.fn).parameters):
-        if arg in constexprs:
+    params = inspect.signature(fn.fn).parameters
+    for name, param in params.items():  # a constexpr left out takes its default (KV_FP8=False ...)
+        if name not in constexprs and name not in values and param.default is not inspect.Parameter.empty:
+            consts[name] = param.default
+    for i, arg in enumerate(params):
+        if arg in consts:
             sig[arg], spec = "constexpr", ""
         elif arg in pointers:
             sig[arg], spec = pointers[arg], "D"
-        elif arg == "scale":
+        elif arg.endswith("scale"):
             sig[arg], spec = "fp32", ""  # floats are never specialised
         else:
             kind, spec = native_specialize_impl(BaseBackend, values[arg], False, True, True)
@@ -202,6 +206,22 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]
     block = cache_ops.copy_blocks_tile(16 * 8 * 128, False)
     cases.append((cache_k._copy_blocks_kernel, cache_ptrs, {"BLOCK": block}, 4, 3,
                   _launch_values("_copy_blocks_kernel", 4, 128)))
+    if dtype != "fp32":  # fp8 KV caches: read by decode and prefill, written (quantized) by write_kv
+        fp8_ptrs = {**attn_ptrs, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
+        t = attention.decode_tiles(4, 128, 8192, False, attention.decode_uses_dot(4, False, element_size))
+        cases.append((attn_k._decode_partial_kernel, fp8_ptrs, {
+            "PAGED": True, "USE_DOT": t.use_dot, "BLOCK_SIZE": 16, "BLOCK_G": t.block_g, "BLOCK_N": t.block_n,
+            "BLOCK_D": t.block_d, "KV_FP8": True}, t.num_warps, 3, _launch_values("_decode_partial_kernel", 4, 128)))
+        pinned = attention.prefill_tiles(4, 128, 512, False, True, element_size)
+        cases.append((attn_k._prefill_kernel, fp8_ptrs, {
+            "USE_DOT": True, "BLOCK_SIZE": 16, "BLOCK_G": pinned.block_g, "BLOCK_D": pinned.block_d,
+            "BLOCK_R": pinned.block_r, "BLOCK_N": pinned.block_n, "KV_FP8": True}, pinned.num_warps, 2,
+            _launch_values("_prefill_kernel", 4, 128)))
+        t, hd = cache_ops.write_kv_tiles(8, 128, interpret=False)
+        quant_ptrs = {**cache_ptrs, "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "k_cache_ptr": "*fp8e4nv",
+                      "v_cache_ptr": "*fp8e4nv"}
+        cases.append((cache_k._write_kv_kernel, quant_ptrs, {"BLOCK_T": t, "BLOCK_HD": hd, "QUANTIZE": True}, 4, 3,
+                      _launch_values("_write_kv_kernel", 4, 128)))
     if merge_k is not None:
         merge_ptrs = {"out_a_ptr": f"*{dtype}", "lse_a_ptr": "*fp32", "out_b_ptr": f"*{dtype}", "lse_b_ptr": "*fp32",
                       "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
