@@ -18,6 +18,7 @@ import math
 
 import torch
 from pagedbench.conformance.adapter import Implementation, NotSupported, register
+from pagedbench.conformance.capabilities import Capabilities
 
 
 @register("control")
@@ -42,6 +43,12 @@ class ControlImplementation(Implementation):
 
     def _offset_in_block(self, pos: torch.Tensor, block_size: int) -> torch.Tensor:
         return pos % block_size
+
+    def _dequantize(self, values: torch.Tensor, key_pos: torch.Tensor, first_query: int,
+                    scale: float) -> torch.Tensor:
+        """fp8 cache values ``[n, H, D]`` (float32) at positions ``key_pos`` as read: times the scale.
+        ``first_query``: the position of the step's first query (keys before it are the cached prefix)."""
+        return values * scale
 
     def _slot_offsets(self, slots: torch.Tensor, elements_per_slot: int) -> torch.Tensor:
         return slots.to(torch.int64) * elements_per_slot
@@ -82,9 +89,13 @@ class ControlImplementation(Implementation):
         blocks = self._physical_blocks(table_row, pos // bs, math.ceil(seq_len / bs))
         return self._read_slots(cache, blocks * bs + self._offset_in_block(pos, bs)).to(torch.float32), pos
 
-    def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window):
+    def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window, kv_scales=None):
         k, key_pos = self._logical_kv(k_cache, table_row, seq_len)
         v, _ = self._logical_kv(v_cache, table_row, seq_len)
+        if kv_scales is not None:
+            first = int(q_pos[0]) if len(q_pos) else seq_len
+            k, v = (self._dequantize(k, key_pos, first, kv_scales[0]),
+                    self._dequantize(v, key_pos, first, kv_scales[1]))
         heads = self._kv_heads(q.shape[1], k_cache.shape[2])
         scores = torch.einsum("qhd,khd->qhk", q.to(torch.float32), k[:, heads]) * scale
         allowed = key_pos[None, :] <= q_pos[:, None]
@@ -94,31 +105,34 @@ class ControlImplementation(Implementation):
         out = torch.einsum("qhk,khd->qhd", probs, v[:, heads])
         return out, lse
 
-    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse):
+    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse,
+             k_scale=None, v_scale=None):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        kv_scales = (k_scale or 1.0, v_scale or 1.0) if fp8 else None
         out = self._output_buffer(q, out)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         start = 0
         for s, (n, m) in enumerate(zip(seq_lens.tolist(), q_lens)):
             if m:
                 o, l = self._attend(q[start : start + m], k_cache, v_cache, block_tables[s], n,
-                                    torch.arange(n - m, n), scale, window)
+                                    torch.arange(n - m, n), scale, window, kv_scales)
                 out[start : start + m], lse[start : start + m] = o.to(q.dtype), l
             start += m
         return (out, lse) if return_lse else out
 
     # --- the adapter interface -----------------------------------------------------------------------
     def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                     num_splits=None, out=None, return_lse=False):
+                     num_splits=None, out=None, return_lse=False, k_scale=None, v_scale=None):
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, [1] * q.shape[0], scale,
-                         sliding_window, out, return_lse)
+                         sliding_window, out, return_lse, k_scale, v_scale)
 
     def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                      sliding_window=None, out=None, return_lse=False):
+                      sliding_window=None, out=None, return_lse=False, k_scale=None, v_scale=None):
         cu = cu_seqlens_q.tolist()
         q_lens = [b - a for a, b in itertools.pairwise(cu)]
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, sliding_window, out,
-                         return_lse)
+                         return_lse, k_scale, v_scale)
 
     def merge_attn_states(self, out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None):
         w_a, w_b, lse = self._merge_weights(lse_a.to(torch.float32), lse_b.to(torch.float32))
@@ -130,9 +144,12 @@ class ControlImplementation(Implementation):
         out_lse.copy_(lse)
         return out, out_lse
 
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):  # flat offsets need a dense layout
             raise NotSupported("the control writes dense caches only")
+        if k_cache.dtype == torch.float8_e4m3fn:  # round to nearest, saturated at +-448
+            k = (k.to(torch.float64) / (k_scale or 1.0)).clamp(-448.0, 448.0).to(k_cache.dtype)
+            v = (v.to(torch.float64) / (v_scale or 1.0)).clamp(-448.0, 448.0).to(v_cache.dtype)
         keep = self._written(slot_mapping)
         per_slot = k_cache.shape[2] * k_cache.shape[3]
         index = self._slot_offsets(slot_mapping[keep], per_slot)[:, None] + torch.arange(per_slot)
@@ -147,6 +164,9 @@ class ControlImplementation(Implementation):
         from pagedbench.refengine import BlockManager
 
         return BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
+
+
+ControlImplementation.capabilities = Capabilities(fp8_kv_cache=True)
 
 
 class _Mutant(ControlImplementation):
@@ -209,6 +229,17 @@ class EightBitBlockOffset(_Mutant):
 
     def _offset_in_block(self, pos, block_size):
         return (pos % block_size) & 0xFF
+
+
+@register("mutant-fp8-prefix-unscaled")
+class Fp8PrefixUnscaled(_Mutant):
+    """Reads the cached prefix of an fp8 cache without its scale (the tokens of the step itself get it): a
+    first prompt is right, every step that reads a prefix written before it is not."""
+
+    breaks = "merge_and_shapes"
+
+    def _dequantize(self, values, key_pos, first_query, scale):
+        return torch.where((key_pos < first_query)[:, None, None], values, values * scale)
 
 
 @register("mutant-swapped-blocks")
