@@ -16,6 +16,9 @@ Conventions shared with the Triton launchers (``kernels.attention``):
 * A query with no key to attend (``seq_len == 0``, or a position < 0 when ``q_len > seq_len`` and
   validation is off) gets output 0 and LSE ``-inf``, never NaN.
 * K/V slots outside a sequence and block-table entries past its length are never read.
+* fp8 caches (``torch.float8_e4m3fn``): ``write_kv`` stores ``k / k_scale`` (``v / v_scale``) rounded to
+  nearest and saturated at +-448; attention reads ``stored * k_scale`` (``* v_scale``); None is 1.0.
+* ``merge_attn_states`` combines two parts by their natural-log LSEs; a part with LSE ``-inf`` is not read.
 """
 
 from __future__ import annotations
