@@ -15,10 +15,10 @@ Every method that is not overridden raises :class:`NotSupported`, which the suit
 see ``kernels/__init__.py`` for shapes and dtypes. Set ``device`` to where the implementation wants its
 tensors (the suite builds inputs there) and ``capabilities`` to the optional parts of the contract it
 supports (:class:`Capabilities`: LSE, block sizes, ``num_splits``, zero-length rows, bit-exact batch
-invariance, sliding windows, dtypes, fp8 KV caches with ``k_scale`` / ``v_scale``); the suite then reports each case that needs something else as
-"not supported" for that case alone, and judges the rest (an implementation without LSE still has its
-outputs checked). Raising :class:`NotSupported` from a method still works, for what the declarations do
-not cover.
+invariance, sliding windows, dtypes, fp8 KV caches with ``k_scale`` / ``v_scale``); the suite then
+reports each case that needs something else as "not supported" for that case alone, and judges the rest
+(an implementation without LSE still has its outputs checked). Raising :class:`NotSupported` from a
+method still works, for what the declarations do not cover.
 
 Then run the gate on it: ``python -m pagedbench.conformance --impl mine --load mypkg.paged_adapter`` (``--load``
 imports the module that registers it), or ``pytest conformance -p mypkg.paged_adapter --impl mine``.

@@ -25,8 +25,9 @@ from pagedbench.conformance.capabilities import Capabilities
 class ControlImplementation(Implementation):
     """Correct paged attention, cache writes and block accounting, in plain torch (float32 compute)."""
 
-    #: which part of the suite can see this implementation's fault ("numerics" or "block_manager")
+    #: which part of the suite can see this implementation's fault (a key of test_mutants.SUITES)
     breaks = "numerics"
+    capabilities = Capabilities(fp8_kv_cache=True)
 
     # --- the hooks the mutants override --------------------------------------------------------------
     def _num_keys(self, seq_len: int) -> int:
@@ -164,9 +165,6 @@ class ControlImplementation(Implementation):
         from pagedbench.refengine import BlockManager
 
         return BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-
-
-ControlImplementation.capabilities = Capabilities(fp8_kv_cache=True)
 
 
 class _Mutant(ControlImplementation):
