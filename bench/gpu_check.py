@@ -11,7 +11,10 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
    FlashInfer when installed). Goals: paged >= 85% of copy bandwidth, paged / contiguous <= 1.05;
 3. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
    ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous;
-4. ``calibration``: the step-time calibration of the serving study's cost model on this GPU.
+4. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
+5. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
+   contexts (to 32K), and of GQA groups 12 and 16 (fp16 cases: a GPU path the interpreter cannot reach),
+   and the attention-state merge with cascade cases (see :data:`FAMILY_ARGS`).
 
 Without a GPU it refuses, exit status 2, having checked nothing.
 """
@@ -26,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-CHECKS = ("gate", "kernels", "engine", "calibration")
+CHECKS = ("gate", "kernels", "engine", "calibration", "families")
 DEFAULT_OUT = Path("results/gpu")
 KV_BYTES_GOAL = 256 << 20
 GOALS = {"paged_share_of_copy_bw": 0.85, "paged_over_contiguous_time": 1.05}
@@ -131,7 +134,26 @@ def check_calibration(out: Path) -> dict:
             "summary": "calibrated, see calibration.md" if run.returncode == 0 else "calibration failed"}
 
 
-RUNNERS = {"gate": check_gate, "kernels": check_kernels, "engine": check_engine, "calibration": check_calibration}
+#: the suite modules and case filters of the ``families`` check (--case: any of these in the test id)
+FAMILY_ARGS = ("conformance/suite/test_long_context.py", "conformance/suite/test_gqa_groups.py",
+               "conformance/suite/test_merge_states.py", "-m", "not micro", "--case", "fp16", "--case",
+               "test_merge_states")
+
+
+def check_families(out: Path) -> dict:
+    from pagedbench.conformance.gate import SUITE_PYTEST_ARGS
+
+    root = Path(__file__).resolve().parents[1]
+    xml = (out / "families.xml").resolve()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE_PYTEST_ARGS, "--impl", "triton",
+           *FAMILY_ARGS, f"--junitxml={xml}"]
+    run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
+    last = (run.stdout.strip().splitlines() or ["no output"])[-1]
+    return {"passed": run.returncode == 0, "tail": run.stdout[-3000:] + run.stderr[-1500:], "summary": last}
+
+
+RUNNERS = {"gate": check_gate, "kernels": check_kernels, "engine": check_engine, "calibration": check_calibration,
+           "families": check_families}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,10 +15,10 @@ Every method that is not overridden raises :class:`NotSupported`, which the suit
 see ``kernels/__init__.py`` for shapes and dtypes. Set ``device`` to where the implementation wants its
 tensors (the suite builds inputs there) and ``capabilities`` to the optional parts of the contract it
 supports (:class:`Capabilities`: LSE, block sizes, ``num_splits``, zero-length rows, bit-exact batch
-invariance, sliding windows, dtypes); the suite then reports each case that needs something else as
-"not supported" for that case alone, and judges the rest (an implementation without LSE still has its
-outputs checked). Raising :class:`NotSupported` from a method still works, for what the declarations do
-not cover.
+invariance, sliding windows, dtypes, fp8 KV caches with ``k_scale`` / ``v_scale``); the suite then
+reports each case that needs something else as "not supported" for that case alone, and judges the rest
+(an implementation without LSE still has its outputs checked). Raising :class:`NotSupported` from a
+method still works, for what the declarations do not cover.
 
 Then run the gate on it: ``python -m pagedbench.conformance --impl mine --load mypkg.paged_adapter`` (``--load``
 imports the module that registers it), or ``pytest conformance -p mypkg.paged_adapter --impl mine``.
@@ -74,6 +74,12 @@ class Implementation:
 
     def contiguous_decode(self, q, k, v, seq_lens, *, scale=None, out=None) -> Any:
         raise self._unsupported("contiguous_decode")
+
+    # --- combining partial attentions ----------------------------------------------------------------
+    def merge_attn_states(self, out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None) -> Any:
+        """(out, lse) of the attention over key sets A and B from each part's output and natural-log LSE
+        (``kernels.merge_attn_states``); an adapter of a peer with log2 LSEs converts them (x ln 2)."""
+        raise self._unsupported("merge_attn_states")
 
     # --- KV cache writes ---------------------------------------------------------------------------
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -28,6 +28,10 @@ class Capabilities:
     batch_invariant: bool = True  # a sequence alone or in a batch gives bit-identical rows
     sliding_window: bool = True  # sliding_window=
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # the dtypes it claims
+    # float8_e4m3fn K/V caches, with per-tensor k_scale= / v_scale= keywords on write_kv, paged_decode and
+    # paged_prefill (stored value = k / k_scale, read as stored * k_scale); off unless declared, since an
+    # adapter written before it would be handed keywords it does not know
+    fp8_kv_cache: bool = False
 
     def as_record(self) -> dict[str, object]:
         """Plain values, for result files."""
@@ -39,6 +43,7 @@ class Capabilities:
             "batch_invariant": self.batch_invariant,
             "sliding_window": self.sliding_window,
             "dtypes": [str(d).removeprefix("torch.") for d in self.dtypes],
+            "fp8_kv_cache": self.fp8_kv_cache,
         }
 
 

@@ -38,6 +38,23 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Fp8Bound:
+    """What storing ``x`` in an fp8 cache with scale ``s`` may change, from the format alone: the stored
+    ``q = round(x / s)`` (to nearest) read back as ``q * s`` is within ``s * max(rel * |x / s|, abs_min)``
+    of ``x`` for ``|x / s| <= max_value`` (``rel``: half an ulp of the mantissa; ``abs_min``: half the
+    smallest subnormal), and exactly ``+-max_value * s`` beyond (saturation). Attention over an fp8 cache
+    is judged against the oracle over the dequantized cache, with q's dtype's tolerance."""
+
+    rel: float
+    abs_min: float
+    max_value: float
+
+
+#: float8_e4m3fn: 3 mantissa bits (half ulp 2^-4 relative), smallest subnormal 2^-9, largest finite 448
+FP8_E4M3 = Fp8Bound(rel=2.0 ** -4, abs_min=2.0 ** -10, max_value=448.0)
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionCase:
     """One attention call: the shapes, lengths and options; inputs come from ``builders.build``.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pagedbench.conformance import batched_torch_adapter  # noqa: F401  (registers "torch-batched", lazily)
 from pagedbench.conformance.adapter import Implementation, register
+from pagedbench.conformance.capabilities import Capabilities
 from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
 
 
@@ -22,6 +23,8 @@ from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
 class TritonImplementation(Implementation):
     """Ours: the ``kernels`` launchers on the backend ``kernels.device`` picked (GPU, or the CPU under
     Triton's interpreter), and ``refengine.BlockManager``."""
+
+    capabilities = Capabilities(fp8_kv_cache=True)
 
     def __init__(self) -> None:
         from pagedbench.kernels import device
@@ -53,6 +56,11 @@ class TritonImplementation(Implementation):
 
         return contiguous_decode(*args, **kwargs)
 
+    def merge_attn_states(self, *args, **kwargs):
+        from pagedbench.kernels import merge_attn_states
+
+        return merge_attn_states(*args, **kwargs)
+
     def write_kv(self, *args, **kwargs):
         from pagedbench.kernels import write_kv
 
@@ -68,6 +76,8 @@ class TritonImplementation(Implementation):
 class TorchReferenceImplementation(Implementation):
     """The pure-torch references of ``kernels.reference`` (on the CPU)."""
 
+    capabilities = Capabilities(fp8_kv_cache=True)
+
     def paged_decode(self, *args, **kwargs):
         from pagedbench.kernels import reference
 
@@ -82,6 +92,11 @@ class TorchReferenceImplementation(Implementation):
         from pagedbench.kernels import reference
 
         return reference.contiguous_decode(*args, **kwargs)
+
+    def merge_attn_states(self, *args, **kwargs):
+        from pagedbench.kernels import reference
+
+        return reference.merge_attn_states(*args, **kwargs)
 
     def write_kv(self, *args, **kwargs):
         from pagedbench.kernels import reference

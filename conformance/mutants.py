@@ -18,16 +18,18 @@ import math
 
 import torch
 from pagedbench.conformance.adapter import Implementation, NotSupported, register
+from pagedbench.conformance.capabilities import Capabilities
 
 
 @register("control")
 class ControlImplementation(Implementation):
     """Correct paged attention, cache writes and block accounting, in plain torch (float32 compute)."""
 
-    #: which part of the suite can see this implementation's fault ("numerics" or "block_manager")
+    #: which part of the suite can see this implementation's fault (a key of test_mutants.SUITES)
     breaks = "numerics"
     #: the mutation check's own: not offered to users
     listed = False
+    capabilities = Capabilities(fp8_kv_cache=True)
 
     # --- the hooks the mutants override --------------------------------------------------------------
     def _num_keys(self, seq_len: int) -> int:
@@ -41,6 +43,15 @@ class ControlImplementation(Implementation):
 
     def _kv_heads(self, num_heads: int, num_kv_heads: int) -> torch.Tensor:
         return torch.arange(num_heads) // (num_heads // num_kv_heads)
+
+    def _offset_in_block(self, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+        return pos % block_size
+
+    def _dequantize(self, values: torch.Tensor, key_pos: torch.Tensor, first_query: int,
+                    scale: float) -> torch.Tensor:
+        """fp8 cache values ``[n, H, D]`` (float32) at positions ``key_pos`` as read: times the scale.
+        ``first_query``: the position of the step's first query (keys before it are the cached prefix)."""
+        return values * scale
 
     def _slot_offsets(self, slots: torch.Tensor, elements_per_slot: int) -> torch.Tensor:
         return slots.to(torch.int64) * elements_per_slot
@@ -59,6 +70,13 @@ class ControlImplementation(Implementation):
     def _output_buffer(self, q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         return torch.empty_like(q) if out is None else out
 
+    def _merge_weights(self, lse_a: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(weight of A, weight of B, merged LSE) from natural-log LSEs; a -inf part weighs 0."""
+        lse = torch.logaddexp(lse_a, lse_b)
+        safe = torch.where(torch.isfinite(lse), lse, 0.0)
+        w_a = torch.where(torch.isinf(lse_a), 0.0, torch.exp(lse_a - safe))
+        return w_a, torch.where(torch.isinf(lse_b), 0.0, torch.exp(lse_b - safe)), lse
+
     # --- building blocks -----------------------------------------------------------------------------
     def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
@@ -72,11 +90,15 @@ class ControlImplementation(Implementation):
         bs = cache.shape[1]
         pos = self._positions(seq_len, bs)
         blocks = self._physical_blocks(table_row, pos // bs, math.ceil(seq_len / bs))
-        return self._read_slots(cache, blocks * bs + pos % bs).to(torch.float32), pos
+        return self._read_slots(cache, blocks * bs + self._offset_in_block(pos, bs)).to(torch.float32), pos
 
-    def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window):
+    def _attend(self, q, k_cache, v_cache, table_row, seq_len, q_pos, scale, window, kv_scales=None):
         k, key_pos = self._logical_kv(k_cache, table_row, seq_len)
         v, _ = self._logical_kv(v_cache, table_row, seq_len)
+        if kv_scales is not None:
+            first = int(q_pos[0]) if len(q_pos) else seq_len
+            k, v = (self._dequantize(k, key_pos, first, kv_scales[0]),
+                    self._dequantize(v, key_pos, first, kv_scales[1]))
         heads = self._kv_heads(q.shape[1], k_cache.shape[2])
         scores = torch.einsum("qhd,khd->qhk", q.to(torch.float32), k[:, heads]) * scale
         allowed = key_pos[None, :] <= q_pos[:, None]
@@ -86,35 +108,51 @@ class ControlImplementation(Implementation):
         out = torch.einsum("qhk,khd->qhd", probs, v[:, heads])
         return out, lse
 
-    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse):
+    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, window, out, return_lse,
+             k_scale=None, v_scale=None):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        kv_scales = (k_scale or 1.0, v_scale or 1.0) if fp8 else None
         out = self._output_buffer(q, out)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         start = 0
         for s, (n, m) in enumerate(zip(seq_lens.tolist(), q_lens)):
             if m:
                 o, l = self._attend(q[start : start + m], k_cache, v_cache, block_tables[s], n,
-                                    torch.arange(n - m, n), scale, window)
+                                    torch.arange(n - m, n), scale, window, kv_scales)
                 out[start : start + m], lse[start : start + m] = o.to(q.dtype), l
             start += m
         return (out, lse) if return_lse else out
 
     # --- the adapter interface -----------------------------------------------------------------------
     def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                     num_splits=None, out=None, return_lse=False):
+                     num_splits=None, out=None, return_lse=False, k_scale=None, v_scale=None):
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, [1] * q.shape[0], scale,
-                         sliding_window, out, return_lse)
+                         sliding_window, out, return_lse, k_scale, v_scale)
 
     def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                      sliding_window=None, out=None, return_lse=False):
+                      sliding_window=None, out=None, return_lse=False, k_scale=None, v_scale=None):
         cu = cu_seqlens_q.tolist()
         q_lens = [b - a for a, b in itertools.pairwise(cu)]
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, sliding_window, out,
-                         return_lse)
+                         return_lse, k_scale, v_scale)
 
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+    def merge_attn_states(self, out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None):
+        w_a, w_b, lse = self._merge_weights(lse_a.to(torch.float32), lse_b.to(torch.float32))
+        merged = sum(torch.where(w[..., None] > 0, o.to(torch.float32), 0.0) * w[..., None]
+                     for o, w in ((out_a, w_a), (out_b, w_b)))
+        out = torch.empty_like(out_a) if out is None else out
+        out_lse = torch.empty_like(lse) if out_lse is None else out_lse
+        out.copy_(merged)
+        out_lse.copy_(lse)
+        return out, out_lse
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):  # flat offsets need a dense layout
             raise NotSupported("the control writes dense caches only")
+        if k_cache.dtype == torch.float8_e4m3fn:  # round to nearest, saturated at +-448
+            k = (k.to(torch.float64) / (k_scale or 1.0)).clamp(-448.0, 448.0).to(k_cache.dtype)
+            v = (v.to(torch.float64) / (v_scale or 1.0)).clamp(-448.0, 448.0).to(v_cache.dtype)
         keep = self._written(slot_mapping)
         per_slot = k_cache.shape[2] * k_cache.shape[3]
         index = self._slot_offsets(slot_mapping[keep], per_slot)[:, None] + torch.arange(per_slot)
@@ -168,6 +206,42 @@ class WrongGqaMapping(_Mutant):
         return torch.arange(num_heads) % num_kv_heads
 
 
+@register("mutant-gqa-group-past-8")
+class GqaGroupPast8(_Mutant):
+    """Groups larger than 8 are tiled in 8 heads and tile t reads KV head t (mod num_kv_heads): right for
+    every group up to 8, wrong for 12 and 16."""
+
+    breaks = "merge_and_shapes"
+
+    def _kv_heads(self, num_heads, num_kv_heads):
+        group = num_heads // num_kv_heads
+        if group <= 8:
+            return torch.arange(num_heads) // group
+        return (torch.arange(num_heads) // 8) % num_kv_heads
+
+
+@register("mutant-8-bit-block-offset")
+class EightBitBlockOffset(_Mutant):
+    """Keeps a token's offset in its block in 8 bits: right for blocks of up to 256 tokens, wrong in the
+    second half of every block of 512."""
+
+    breaks = "merge_and_shapes"
+
+    def _offset_in_block(self, pos, block_size):
+        return (pos % block_size) & 0xFF
+
+
+@register("mutant-fp8-prefix-unscaled")
+class Fp8PrefixUnscaled(_Mutant):
+    """Reads the cached prefix of an fp8 cache without its scale (the tokens of the step itself get it): a
+    first prompt is right, every step that reads a prefix written before it is not."""
+
+    breaks = "merge_and_shapes"
+
+    def _dequantize(self, values, key_pos, first_query, scale):
+        return torch.where((key_pos < first_query)[:, None, None], values, values * scale)
+
+
 @register("mutant-swapped-blocks")
 class SwappedBlocks(_Mutant):
     """Logical blocks 0 and 1 read each other's physical block."""
@@ -218,6 +292,22 @@ class IgnoresOut(_Mutant):
 
     def _output_buffer(self, q, out):
         return torch.empty_like(q)
+
+
+@register("mutant-merge-log2")
+class MergeLog2(_Mutant):
+    """Reads natural-log LSEs as log2 (weights 2^(lse - max)), as an adapter of a log2 kernel that
+    forgot to convert would: right only when both parts' LSEs are equal."""
+
+    breaks = "merge_and_shapes"
+
+    def _merge_weights(self, lse_a, lse_b):
+        m = torch.maximum(lse_a, lse_b)
+        safe = torch.where(torch.isfinite(m), m, 0.0)
+        w_a, w_b = torch.exp2(lse_a - safe), torch.exp2(lse_b - safe)
+        total = w_a + w_b
+        lse = torch.where(total > 0, safe + torch.log2(total.clamp_min(1e-38)), -math.inf)
+        return w_a / total.clamp_min(1e-38), w_b / total.clamp_min(1e-38), lse
 
 
 @register("mutant-no-cow")

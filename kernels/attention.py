@@ -24,7 +24,12 @@ from pagedbench.kernels.attention_kernels import (
     _prefill_kernel,
     prune_prefill_configs,
 )
-from pagedbench.kernels.validation import check_contiguous_decode, check_paged_decode, check_paged_prefill
+from pagedbench.kernels.validation import (
+    FP8_DTYPES,
+    check_contiguous_decode,
+    check_paged_decode,
+    check_paged_prefill,
+)
 
 
 @functools.cache
@@ -176,14 +181,23 @@ def plan_decode(num_seqs: int, num_kv_heads: int, group_size: int, head_dim: int
     return DecodePlan(tiles, max(1, min(num_splits, triton.cdiv(max_context, tiles.block_n))))
 
 
+def _kv_scales(k_cache, scale, k_scale, v_scale, head_dim) -> tuple[float, float, bool]:
+    """(scale of the scores with k_scale folded in, v_scale, whether the caches are fp8)."""
+    fp8 = k_cache.dtype in FP8_DTYPES
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    if not fp8:
+        return scale, 1.0, False
+    return scale * (1.0 if k_scale is None else float(k_scale)), 1.0 if v_scale is None else float(v_scale), True
+
+
 def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, sliding_window, num_splits,
-            out, max_context):
+            out, max_context, k_scale=None, v_scale=None):
     """Shared launch of paged and contiguous decode; returns (out, lse)."""
     _check_interpreter_mode()
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale, v_scale, fp8 = _kv_scales(k, scale, k_scale, v_scale, head_dim)
     plan = plan_decode(num_seqs, num_kv_heads, group, head_dim, max_context, num_splits,
                        interpret=device.backend().triton_interpret, num_sms=parallelism(),
                        dtype_bytes=q.element_size())
@@ -207,10 +221,11 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
     table_strides = block_tables.stride() if paged else (0, 0)
     _decode_partial_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k, v, table, seq_lens, part_out, part_lse,
-        scale, sliding_window or 0, block_size, group, head_dim, num_splits,
+        scale, v_scale, sliding_window or 0, block_size, group, head_dim, num_splits,
         *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
         PAGED=paged, USE_DOT=tiles.use_dot, BLOCK_SIZE=block_size_constexpr(block_size) if paged else 0,
-        BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, num_warps=tiles.num_warps,
+        BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, KV_FP8=fp8,
+        num_warps=tiles.num_warps,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -222,7 +237,7 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                 num_splits=None, out=None, return_lse=False, validate=None):
+                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
     """Attention of one query per sequence (at its last position) over its paged K/V.
 
     q ``[num_seqs, num_heads, head_dim]`` float32/float16/bfloat16; k_cache, v_cache ``[num_blocks,
@@ -231,13 +246,15 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
     :func:`choose_num_splits`), clamped to the number of key tiles (see :func:`plan_decode`).
     Returns out ``[num_seqs, num_heads, head_dim]`` (q's dtype; ``out`` itself when given) and, with
     ``return_lse``, lse float32 ``[num_seqs, num_heads]``.
+    fp8 caches (``torch.float8_e4m3fn``, whatever q's dtype) hold ``k / k_scale`` and ``v / v_scale``
+    (``write_kv``): keys read back as ``k_cache * k_scale``, values as ``v_cache * v_scale`` (None: 1.0).
     """
     shape = check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                sliding_window=sliding_window, num_splits=num_splits, out=out,
-                               validate=validate)
+                               validate=validate, fp8=True, k_scale=k_scale, v_scale=v_scale)
     out, lse = _decode(q, k_cache, v_cache, block_tables, seq_lens, paged=True, block_size=shape.block_size,
                        scale=scale, sliding_window=sliding_window, num_splits=num_splits, out=out,
-                       max_context=shape.max_blocks * shape.block_size)
+                       max_context=shape.max_blocks * shape.block_size, k_scale=k_scale, v_scale=v_scale)
     return (out, lse) if return_lse else out
 
 
@@ -256,19 +273,22 @@ def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None)
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                  sliding_window=None, out=None, return_lse=False, validate=None, max_query_len=None):
+                  sliding_window=None, out=None, return_lse=False, validate=None, max_query_len=None,
+                  k_scale=None, v_scale=None):
     """Causal attention of each sequence's last ``q_len`` tokens over its paged K/V (already written).
 
     q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]`` (sequence s owns
     rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]``); other arguments as :func:`paged_decode`. Returns out
     like q and, with ``return_lse``, lse float32 ``[total_q_tokens, num_heads]``. Reads cu_seqlens_q
     back to size the grid unless the caller gives ``max_query_len`` (the longest query, known on the
-    host: no device sync). Rows owned by no sequence are left untouched.
+    host: no device sync). Rows owned by no sequence are left untouched. fp8 caches and their scales as
+    :func:`paged_decode`.
     """
     shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
-                                sliding_window=sliding_window, out=out, validate=validate)
+                                sliding_window=sliding_window, out=out, validate=validate, fp8=True,
+                                k_scale=k_scale, v_scale=v_scale)
     _check_interpreter_mode()
-    scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else float(scale)
+    scale, v_scale, fp8 = _kv_scales(k_cache, scale, k_scale, v_scale, shape.head_dim)
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
@@ -284,11 +304,11 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
         block_g = triton.next_power_of_2(shape.group_size)
         block_d = max(16, triton.next_power_of_2(shape.head_dim))
         args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, lse,
-                scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
+                scale, v_scale, sliding_window or 0, shape.block_size, shape.group_size, shape.head_dim,
                 *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
                 *lse.stride())
         fixed = {"USE_DOT": use_dot, "BLOCK_SIZE": block_size_constexpr(shape.block_size), "BLOCK_G": block_g,
-                 "BLOCK_D": block_d}
+                 "BLOCK_D": block_d, "KV_FP8": fp8}
 
         def grid(meta):
             return (triton.cdiv(max_q_len, meta["BLOCK_R"] // meta["BLOCK_G"]), shape.num_kv_heads,

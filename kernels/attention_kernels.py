@@ -52,7 +52,7 @@ def _block_and_offset(pos, block_size, BLOCK_SIZE: tl.constexpr):
 @triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale, sliding_window, block_size, group_size, head_dim, num_splits,
+    scale, v_scale, sliding_window, block_size, group_size, head_dim, num_splits,
     stride_q_s, stride_q_h, stride_q_d,
     stride_k_b, stride_k_o, stride_k_h, stride_k_d,
     stride_v_b, stride_v_o, stride_v_h, stride_v_d,
@@ -60,7 +60,7 @@ def _decode_partial_kernel(
     stride_out_s, stride_out_h, stride_out_split, stride_out_d,
     stride_lse_s, stride_lse_h, stride_lse_split,
     PAGED: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr = False,
 ):
     """Program (s, kv_head, split): one split of sequence s's keys for the query heads of kv_head.
 
@@ -116,6 +116,8 @@ def _decode_partial_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + k_rows[:, None] + kv_head * stride_k_h + d[None, :] * stride_k_d,
                     mask=kv_mask, other=0.0)
+        if KV_FP8:  # exact in q's dtype (e4m3 has 3 mantissa bits); k_scale is folded into ``scale``
+            k = k.to(q_ptr.dtype.element_ty)
         if USE_DOT:
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
@@ -129,6 +131,8 @@ def _decode_partial_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + v_rows[:, None] + kv_head * stride_v_h + d[None, :] * stride_v_d,
                     mask=kv_mask, other=0.0)
+        if KV_FP8:  # v_scale multiplies the output instead
+            v = v.to(q_ptr.dtype.element_ty)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
@@ -138,6 +142,8 @@ def _decode_partial_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * v_scale
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     out_ptrs = (out_ptr + s * stride_out_s + heads[:, None] * stride_out_h + split * stride_out_split
                 + d[None, :] * stride_out_d)
@@ -186,7 +192,7 @@ def _decode_reduce_kernel(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, cu_seqlens_q_ptr, out_ptr, lse_ptr,
-    scale, sliding_window, block_size, group_size, head_dim,
+    scale, v_scale, sliding_window, block_size, group_size, head_dim,
     stride_q_t, stride_q_h, stride_q_d,
     stride_k_b, stride_k_o, stride_k_h, stride_k_d,
     stride_v_b, stride_v_o, stride_v_h, stride_v_d,
@@ -194,7 +200,7 @@ def _prefill_kernel(
     stride_out_t, stride_out_h, stride_out_d,
     stride_lse_t, stride_lse_h,
     USE_DOT: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr = False,
 ):
     """Program (m_tile, kv_head, s): BLOCK_M = BLOCK_R // BLOCK_G queries of sequence s x the query heads
     of kv_head.
@@ -251,6 +257,8 @@ def _prefill_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + (block * stride_k_b + offset * stride_k_o)[:, None] + kv_head * stride_k_h
                     + d[None, :] * stride_k_d, mask=kv_mask, other=0.0)
+        if KV_FP8:  # exact in q's dtype (e4m3 has 3 mantissa bits); k_scale is folded into ``scale``
+            k = k.to(q_ptr.dtype.element_ty)
         if USE_DOT:  # [BLOCK_R, BLOCK_N]
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
@@ -267,6 +275,8 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + (block * stride_v_b + offset * stride_v_o)[:, None] + kv_head * stride_v_h
                     + d[None, :] * stride_v_d, mask=kv_mask, other=0.0)
+        if KV_FP8:  # v_scale multiplies the output instead
+            v = v.to(q_ptr.dtype.element_ty)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
@@ -276,6 +286,8 @@ def _prefill_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * v_scale
     lse = tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     tl.store(out_ptr + tokens[:, None] * stride_out_t + heads[:, None] * stride_out_h
              + d[None, :] * stride_out_d, out.to(out_ptr.dtype.element_ty), mask=q_mask)

@@ -10,7 +10,7 @@ import torch
 import triton
 from pagedbench.kernels import device
 from pagedbench.kernels.cache_kernels import _copy_blocks_kernel, _write_kv_kernel
-from pagedbench.kernels.validation import check_copy_blocks, check_write_kv
+from pagedbench.kernels.validation import FP8_DTYPES, check_copy_blocks, check_write_kv
 
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -37,7 +37,8 @@ def copy_blocks_tile(block_elems: int, interpret: bool) -> int:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, validate: bool | None = None) -> None:
+             slot_mapping: torch.Tensor, *, validate: bool | None = None, k_scale: float | None = None,
+             v_scale: float | None = None) -> None:
     """Store ``k[i], v[i]`` at slot ``slot_mapping[i]`` of ``k_cache, v_cache``; slot -1 skips token i.
 
     k, v ``[num_tokens, num_kv_heads, head_dim]`` (the caches' dtype); caches ``[num_blocks, block_size,
@@ -45,18 +46,25 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     checked (range, distinct) with ``validate=True``; ``None``: when slot_mapping is in host memory (an
     out-of-range slot there would make the interpreted kernel write outside the cache) or under
     ``PAGEDBENCH_VALIDATE=1``.
+
+    fp8 caches (``torch.float8_e4m3fn``; k and v float32/float16/bfloat16) receive ``k / k_scale`` and
+    ``v / v_scale`` (None: 1.0) rounded to nearest, saturated at +-448 (the format's largest finite value).
     """
-    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate)
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate, fp8=True, k_scale=k_scale,
+                   v_scale=v_scale)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
     block_t, block_hd = write_kv_tiles(num_kv_heads, head_dim, device.backend().triton_interpret)
     grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_kv_heads * head_dim, block_hd))
+    quantize = k_cache.dtype in FP8_DTYPES
+    tensors = (k, v, k_cache, v_cache) if quantize else tuple(_as_bits(t) for t in (k, v, k_cache, v_cache))
     _write_kv_kernel[grid](
-        _as_bits(k), _as_bits(v), _as_bits(k_cache), _as_bits(v_cache), slot_mapping,
+        *tensors, slot_mapping,
         num_tokens, num_kv_heads, head_dim, k_cache.shape[1],
+        1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale),
         *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), slot_mapping.stride(0),
-        BLOCK_T=block_t, BLOCK_HD=block_hd,
+        BLOCK_T=block_t, BLOCK_HD=block_hd, QUANTIZE=quantize,
     )
 
 

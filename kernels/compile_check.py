@@ -84,6 +84,13 @@ def _launch_values(kernel: str, group: int, head_dim: int, *, paged: bool = True
                 **_strides("v", "t,h,d", (tokens, kvh, head_dim)), **_strides("slot", "t", (tokens,))}
     if kernel == "_copy_blocks_kernel":
         return {**caches, **_strides("pairs", "n,c", (64, 2))}
+    if kernel == "_merge_attn_states_kernel":
+        h = kvh * group
+        parts = {**_strides("oa", "t,h,d", (tokens, h, head_dim)), **_strides("ob", "t,h,d", (tokens, h, head_dim)),
+                 **_strides("o", "t,h,d", (tokens, h, head_dim))}
+        lses = {**_strides("la", "t,h", (tokens, h)), **_strides("lb", "t,h", (tokens, h)),
+                **_strides("l", "t,h", (tokens, h))}
+        return {"num_rows": tokens * h, "num_heads": h, "head_dim": head_dim, **parts, **lses}
     raise ValueError(f"no representative launch for {kernel}")
 
 
@@ -98,12 +105,16 @@ def _specialise(fn, pointers: dict[str, str], constexprs: dict[str, object], val
     from triton.backends.compiler import BaseBackend
 
     sig, consts, attrs = {}, dict(constexprs), {}
-    for i, arg in enumerate(inspect.signature(fn.fn).parameters):
-        if arg in constexprs:
+    params = inspect.signature(fn.fn).parameters
+    for name, param in params.items():  # a constexpr left out takes its default (KV_FP8=False ...)
+        if name not in constexprs and name not in values and param.default is not inspect.Parameter.empty:
+            consts[name] = param.default
+    for i, arg in enumerate(params):
+        if arg in consts:
             sig[arg], spec = "constexpr", ""
         elif arg in pointers:
             sig[arg], spec = pointers[arg], "D"
-        elif arg == "scale":
+        elif arg.endswith("scale"):
             sig[arg], spec = "fp32", ""  # floats are never specialised
         else:
             kind, spec = native_specialize_impl(BaseBackend, values[arg], False, True, True)
@@ -147,11 +158,11 @@ class _Operand:
         return self._size
 
 
-def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
+def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]:
     """(compiled kernel, pointer types, constexprs, num_warps, num_stages, runtime integers) for the launchers' GPU
     configurations (``fast``: one pinned configuration per kernel); ``attn_k`` and ``cache_k`` are the
-    freshly loaded kernel modules."""
-    from pagedbench.kernels import attention, cache_ops  # the tile choices
+    freshly loaded kernel modules (``merge_k`` too, when given)."""
+    from pagedbench.kernels import attention, cache_ops, merge  # the tile choices
     attn_ptrs = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}",
                  "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32",
                  "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
@@ -162,7 +173,7 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
     cache_ptrs = {"k_ptr": bits, "v_ptr": bits, "k_cache_ptr": bits, "v_cache_ptr": bits, "slot_ptr": "*i64",
                   "pairs_ptr": "*i64"}
     element_size = 4 if dtype == "fp32" else 2
-    shapes = ((4, 128),) if fast else ((1, 128), (4, 128), (8, 128), (1, 256), (4, 64))
+    shapes = ((4, 128),) if fast else ((1, 128), (4, 128), (8, 128), (16, 128), (1, 256), (4, 64))
     cases = []
     for group, head_dim in shapes:
         t = attention.decode_tiles(group, head_dim, 8192, False,
@@ -195,6 +206,29 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool) -> list[tuple]:
     block = cache_ops.copy_blocks_tile(16 * 8 * 128, False)
     cases.append((cache_k._copy_blocks_kernel, cache_ptrs, {"BLOCK": block}, 4, 3,
                   _launch_values("_copy_blocks_kernel", 4, 128)))
+    # fp8 KV caches: read by decode and prefill, written (quantized) by write_kv (fast: beside fp16 only)
+    if dtype == "fp16" or (dtype == "bf16" and not fast):
+        fp8_ptrs = {**attn_ptrs, "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv"}
+        t = attention.decode_tiles(4, 128, 8192, False, attention.decode_uses_dot(4, False, element_size))
+        cases.append((attn_k._decode_partial_kernel, fp8_ptrs, {
+            "PAGED": True, "USE_DOT": t.use_dot, "BLOCK_SIZE": 16, "BLOCK_G": t.block_g, "BLOCK_N": t.block_n,
+            "BLOCK_D": t.block_d, "KV_FP8": True}, t.num_warps, 3, _launch_values("_decode_partial_kernel", 4, 128)))
+        pinned = attention.prefill_tiles(4, 128, 512, False, True, element_size)
+        cases.append((attn_k._prefill_kernel, fp8_ptrs, {
+            "USE_DOT": True, "BLOCK_SIZE": 16, "BLOCK_G": pinned.block_g, "BLOCK_D": pinned.block_d,
+            "BLOCK_R": pinned.block_r, "BLOCK_N": pinned.block_n, "KV_FP8": True}, pinned.num_warps, 2,
+            _launch_values("_prefill_kernel", 4, 128)))
+        t, hd = cache_ops.write_kv_tiles(8, 128, interpret=False)
+        quant_ptrs = {**cache_ptrs, "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "k_cache_ptr": "*fp8e4nv",
+                      "v_cache_ptr": "*fp8e4nv"}
+        cases.append((cache_k._write_kv_kernel, quant_ptrs, {"BLOCK_T": t, "BLOCK_HD": hd, "QUANTIZE": True}, 4, 3,
+                      _launch_values("_write_kv_kernel", 4, 128)))
+    if merge_k is not None:
+        merge_ptrs = {"out_a_ptr": f"*{dtype}", "lse_a_ptr": "*fp32", "out_b_ptr": f"*{dtype}", "lse_b_ptr": "*fp32",
+                      "out_ptr": f"*{dtype}", "lse_ptr": "*fp32"}
+        rows, dims = merge.merge_tiles(128, interpret=False)
+        cases.append((merge_k._merge_attn_states_kernel, merge_ptrs, {"BLOCK_R": rows, "BLOCK_D": dims}, 4, 3,
+                      _launch_values("_merge_attn_states_kernel", 4, 128)))
     return cases
 
 
@@ -209,6 +243,7 @@ def _compile_all(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     attn_k, cache_k = _load_compiled("attention_kernels"), _load_compiled("cache_kernels")
+    merge_k = _load_compiled("merge_kernels")
     sys.path.insert(0, str(HERE.parent))
     from pagedbench import kernels  # noqa: F401  (for the tile choices; it may switch the interpreter knob on again)
 
@@ -221,7 +256,7 @@ def _compile_all(argv: list[str]) -> int:
     problems, rows = [], []
     count = 0
     for dtype in args.dtypes.split(","):
-        for fn, ptrs, consts, warps, stages, values in _cases(dtype, attn_k, cache_k, args.fast):
+        for fn, ptrs, consts, warps, stages, values in _cases(dtype, attn_k, cache_k, args.fast, merge_k):
             sig, all_consts, attrs = _specialise(fn, ptrs, consts, values)
             src = ASTSource(fn, sig, constexprs=all_consts, attrs=attrs)
             compiled = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
@@ -267,7 +302,8 @@ def _write_report(out: Path, args, rows: list[dict]) -> None:
         "Generated by `make kernels-compile-check` (`python -m pagedbench.kernels.compile_check --out results`)"
         " on a machine without a GPU, with Triton's own ptxas and cuobjdump; do not edit.", "",
         "Every configuration the launchers can choose on a GPU for a few representative shapes (head_dim 64/128/"
-        "256, GQA groups 1-8; the prefill autotune configs that `prune_prefill_configs` keeps), compiled with"
+        "256, GQA groups 1-16; fp8 KV variants of decode, prefill and write_kv; the prefill autotune configs that"
+        " `prune_prefill_configs` keeps), compiled with"
         " the specialisation a launch on contiguous tensors gets (unit strides as constants, 16-divisible"
         " integers and aligned pointers marked). A configuration fails on a register spill (stack), or, for"
         " fp16/bf16 prefill, on having no tensor-core instruction (HMMA/HGMMA) in its SASS.", "",

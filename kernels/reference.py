@@ -16,6 +16,9 @@ Conventions shared with the Triton launchers (``kernels.attention``):
 * A query with no key to attend (``seq_len == 0``, or a position < 0 when ``q_len > seq_len`` and
   validation is off) gets output 0 and LSE ``-inf``, never NaN.
 * K/V slots outside a sequence and block-table entries past its length are never read.
+* fp8 caches (``torch.float8_e4m3fn``): ``write_kv`` stores ``k / k_scale`` (``v / v_scale``) rounded to
+  nearest and saturated at +-448; attention reads ``stored * k_scale`` (``* v_scale``); None is 1.0.
+* ``merge_attn_states`` combines two parts by their natural-log LSEs; a part with LSE ``-inf`` is not read.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ import math
 
 import torch
 from pagedbench.kernels.validation import (
+    FP8_DTYPES,
+    FP8_MAX,
     REFERENCE_DTYPES,
     check_contiguous_decode,
     check_copy_blocks,
+    check_merge_attn_states,
     check_paged_decode,
     check_paged_prefill,
     check_write_kv,
@@ -81,7 +87,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
 
 
 def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, q_starts: list[int], q_lens: list[int],
-                     *, scale, sliding_window, out, return_lse):
+                     *, scale, sliding_window, out, return_lse, k_scale=None, v_scale=None):
     """Shared by decode and prefill: sequence s owns query rows ``q_starts[s] : q_starts[s] + q_lens[s]``."""
     ct = _compute_dtype(q.dtype)
     if scale is None:
@@ -93,8 +99,8 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, q_starts: list
         start, n = q_starts[s], q_lens[s]
         if n <= 0:
             continue
-        k = gather_logical(k_cache, block_tables[s], max(seq_len, 0)).to(ct)
-        v = gather_logical(v_cache, block_tables[s], max(seq_len, 0)).to(ct)
+        k = gather_logical(k_cache, block_tables[s], max(seq_len, 0)).to(ct) * _read_scale(k_cache, k_scale)
+        v = gather_logical(v_cache, block_tables[s], max(seq_len, 0)).to(ct) * _read_scale(v_cache, v_scale)
         q_pos = torch.arange(seq_len - n, seq_len, device=q.device)
         o, l = attend(q[start:start + n].to(ct), k, v, q_pos, scale, sliding_window)
         out[start:start + n] = o.to(q.dtype)
@@ -102,26 +108,32 @@ def _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, q_starts: list
     return (out, lse) if return_lse else out
 
 
+def _read_scale(cache: torch.Tensor, scale: float | None) -> float:
+    """What a cache's stored values are multiplied by when read: its scale for fp8 caches, else 1."""
+    return 1.0 if cache.dtype not in FP8_DTYPES or scale is None else float(scale)
+
+
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                 num_splits=None, out=None, return_lse=False, validate=None):
+                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
     """One query per sequence at its last position.
 
     q ``[num_seqs, num_heads, head_dim]``; k_cache, v_cache ``[num_blocks, block_size, num_kv_heads,
     head_dim]``; block_tables int32 ``[num_seqs, max_blocks]``; seq_lens int32 ``[num_seqs]``.
     Returns out ``[num_seqs, num_heads, head_dim]`` (q's dtype), and with ``return_lse`` also lse
     ``[num_seqs, num_heads]``. ``num_splits`` is checked and ignored (the reference does not split).
+    fp8 caches (``torch.float8_e4m3fn``) are read as ``k_cache * k_scale``, ``v_cache * v_scale``.
     """
     check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                        sliding_window=sliding_window, num_splits=num_splits, out=out, validate=validate,
-                       dtypes=REFERENCE_DTYPES)
+                       dtypes=REFERENCE_DTYPES, fp8=True, k_scale=k_scale, v_scale=v_scale)
     num_seqs = q.shape[0]
     return _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, list(range(num_seqs)),
                             [1] * num_seqs, scale=scale, sliding_window=sliding_window, out=out,
-                            return_lse=return_lse)
+                            return_lse=return_lse, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                  sliding_window=None, out=None, return_lse=False, validate=None):
+                  sliding_window=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
     """Causal attention of each sequence's last ``q_len`` tokens over its cached K/V.
 
     q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]``: sequence s owns
@@ -130,11 +142,13 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     ``out`` (uninitialised when ``out`` is None).
     """
     check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
-                        sliding_window=sliding_window, out=out, validate=validate, dtypes=REFERENCE_DTYPES)
+                        sliding_window=sliding_window, out=out, validate=validate, dtypes=REFERENCE_DTYPES,
+                        fp8=True, k_scale=k_scale, v_scale=v_scale)
     cu = cu_seqlens_q.tolist()
     q_lens = [b - a for a, b in itertools.pairwise(cu)]
     return _paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu[:-1], q_lens, scale=scale,
-                            sliding_window=sliding_window, out=out, return_lse=return_lse)
+                            sliding_window=sliding_window, out=out, return_lse=return_lse, k_scale=k_scale,
+                            v_scale=v_scale)
 
 
 def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None):
@@ -155,15 +169,25 @@ def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None)
     return out
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None):
+def quantize_fp8(x: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` in float64, saturated at +-FP8_MAX, rounded to the nearest fp8 value of ``dtype``."""
+    return (x.to(torch.float64) / (1.0 if scale is None else float(scale))).clamp(-FP8_MAX, FP8_MAX).to(dtype)
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None, k_scale=None, v_scale=None):
     """Store token i's k[i], v[i] (``[num_tokens, num_kv_heads, head_dim]``) at slot ``slot_mapping[i]``
-    (``block = slot // block_size``, ``offset = slot % block_size``); slot -1 skips the token."""
-    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate, dtypes=REFERENCE_DTYPES)
+    (``block = slot // block_size``, ``offset = slot % block_size``); slot -1 skips the token.
+    fp8 caches receive :func:`quantize_fp8` of ``k / k_scale`` and ``v / v_scale``."""
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping, validate=validate, dtypes=REFERENCE_DTYPES, fp8=True,
+                   k_scale=k_scale, v_scale=v_scale)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = k_cache.shape[1]
-    k_cache[slots // block_size, slots % block_size] = k[keep]
-    v_cache[slots // block_size, slots % block_size] = v[keep]
+    k_new, v_new = k[keep], v[keep]
+    if k_cache.dtype in FP8_DTYPES:
+        k_new, v_new = quantize_fp8(k_new, k_scale, k_cache.dtype), quantize_fp8(v_new, v_scale, v_cache.dtype)
+    k_cache[slots // block_size, slots % block_size] = k_new
+    v_cache[slots // block_size, slots % block_size] = v_new
 
 
 def copy_blocks(k_cache, v_cache, pairs, *, validate=None):
@@ -173,3 +197,32 @@ def copy_blocks(k_cache, v_cache, pairs, *, validate=None):
     src, dst = pairs[:, 0].long(), pairs[:, 1].long()
     k_cache[dst] = k_cache[src]
     v_cache[dst] = v_cache[src]
+
+
+def merge_attn_states(out_a, lse_a, out_b, lse_b, *, out=None, out_lse=None):
+    """The attention over key sets A and B from the attentions over each (cascade attention's merge).
+
+    out_a, out_b ``[num_tokens, num_heads, head_dim]``; lse_a, lse_b ``[num_tokens, num_heads]``, the
+    natural-log LSEs (float32; float64 beside float64 outputs), ``-inf`` for a part with no key::
+
+        lse = logaddexp(lse_a, lse_b)      out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+
+    A part with LSE ``-inf`` is not read (its output may be NaN); both ``-inf`` give 0 and ``-inf``.
+    Computed in float32 (float64 for float64). Returns (out like out_a, lse).
+    """
+    check_merge_attn_states(out_a, lse_a, out_b, lse_b, out=out, out_lse=out_lse, dtypes=REFERENCE_DTYPES)
+    ct = _compute_dtype(out_a.dtype)
+    la, lb = lse_a.to(ct), lse_b.to(ct)
+    lse = torch.logaddexp(la, lb)
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, 0.0)
+    w_a = torch.where(finite & (la > -math.inf), torch.exp(la - safe), 0.0)[..., None]
+    w_b = torch.where(finite & (lb > -math.inf), torch.exp(lb - safe), 0.0)[..., None]
+    merged = (torch.where(w_a > 0, out_a.to(ct), 0.0) * w_a + torch.where(w_b > 0, out_b.to(ct), 0.0) * w_b)
+    if out is None:
+        out = torch.empty_like(out_a)
+    if out_lse is None:
+        out_lse = torch.empty(lse_a.shape, dtype=_lse_dtype(out_a.dtype), device=out_a.device)
+    out.copy_(merged.to(out.dtype))
+    out_lse.copy_(lse.to(out_lse.dtype))
+    return out, out_lse

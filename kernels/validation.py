@@ -29,6 +29,10 @@ ENV_VAR = "PAGEDBENCH_VALIDATE"
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = (*KERNEL_DTYPES, torch.float64)  # the references also compute in float64
 INDEX_DTYPES = (torch.int32, torch.int64)
+#: KV-cache dtypes stored quantized, read back as ``value * scale`` (per-tensor ``k_scale`` / ``v_scale``)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+#: the largest finite float8_e4m3fn value: a write saturates to +-FP8_MAX
+FP8_MAX = 448.0
 
 
 class KernelInputError(ValueError):
@@ -148,13 +152,30 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor, dtypes: tuple
             raise KernelInputError(f"k_cache: {what} must be >= 1; got {k_cache.shape[i]}")
 
 
+def check_kv_scales(k_cache: torch.Tensor, k_scale, v_scale) -> None:
+    """With fp8 caches, ``k_scale`` / ``v_scale`` are None (1.0) or finite numbers > 0; with any other cache
+    dtype they must be None (nothing would apply them)."""
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is None:
+            continue
+        if k_cache.dtype not in FP8_DTYPES:
+            raise KernelInputError(f"{name} applies to fp8 caches only ({_dtype_name(FP8_DTYPES)}); the cache is "
+                                   f"{k_cache.dtype}, got {name}={value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise KernelTypeError(f"{name} must be a finite number > 0 or None; got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise KernelInputError(f"{name} must be a finite number > 0 or None; got {value!r}")
+
+
 def check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                seq_lens: torch.Tensor, *, q_layout: str, dtypes: tuple[torch.dtype, ...]) -> PagedShape:
-    """The checks common to paged decode and prefill; returns the derived sizes."""
+                seq_lens: torch.Tensor, *, q_layout: str, dtypes: tuple[torch.dtype, ...],
+                fp8: bool = False) -> PagedShape:
+    """The checks common to paged decode and prefill; returns the derived sizes. ``fp8``: the caches may
+    also be fp8 (whatever q's dtype)."""
     check_tensor(q, "q", 3, q_layout, dtypes)
     device = q.device
-    check_cache_pair(k_cache, v_cache, dtypes, device)
-    if k_cache.dtype != q.dtype:
+    check_cache_pair(k_cache, v_cache, (*dtypes, *FP8_DTYPES) if fp8 else dtypes, device)
+    if k_cache.dtype != q.dtype and not (fp8 and k_cache.dtype in FP8_DTYPES):
         raise KernelDtypeError(f"k_cache must have the dtype of q ({q.dtype}); got {k_cache.dtype}")
     check_tensor(block_tables, "block_tables", 2, "[num_seqs, max_blocks]", (torch.int32,))
     check_tensor(seq_lens, "seq_lens", 1, "[num_seqs]", (torch.int32,))
@@ -218,11 +239,13 @@ def check_query_starts(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, total
 # --- one entry point per operation (the launchers and the references call these) ---------------------
 
 def check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale, sliding_window, num_splits,
-                       out, validate, dtypes=KERNEL_DTYPES) -> PagedShape:
-    """All checks of ``paged_decode`` (see the module docstring); returns the derived sizes."""
+                       out, validate, dtypes=KERNEL_DTYPES, fp8=False, k_scale=None, v_scale=None) -> PagedShape:
+    """All checks of ``paged_decode`` (see the module docstring); returns the derived sizes. ``fp8``: fp8
+    caches are accepted, with their scales."""
     check_options(scale, sliding_window, num_splits)
     shape = check_paged(q, k_cache, v_cache, block_tables, seq_lens,
-                        q_layout="[num_seqs, num_heads, head_dim]", dtypes=dtypes)
+                        q_layout="[num_seqs, num_heads, head_dim]", dtypes=dtypes, fp8=fp8)
+    check_kv_scales(k_cache, k_scale, v_scale)
     check_dim("q", "num_seqs (q.shape[0]) = seq_lens.shape[0]", shape.num_seqs, q.shape[0])
     check_out(out, tuple(q.shape), q.dtype, q.device)
     if validation_enabled(validate, block_tables):
@@ -231,11 +254,13 @@ def check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale, sl
 
 
 def check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale, sliding_window,
-                        out, validate, dtypes=KERNEL_DTYPES) -> PagedShape:
-    """All checks of ``paged_prefill`` (see the module docstring); returns the derived sizes."""
+                        out, validate, dtypes=KERNEL_DTYPES, fp8=False, k_scale=None, v_scale=None) -> PagedShape:
+    """All checks of ``paged_prefill`` (see the module docstring); returns the derived sizes. ``fp8`` as
+    :func:`check_paged_decode`."""
     check_options(scale, sliding_window, None)
     shape = check_paged(q, k_cache, v_cache, block_tables, seq_lens,
-                        q_layout="[total_q_tokens, num_heads, head_dim]", dtypes=dtypes)
+                        q_layout="[total_q_tokens, num_heads, head_dim]", dtypes=dtypes, fp8=fp8)
+    check_kv_scales(k_cache, k_scale, v_scale)
     check_tensor(cu_seqlens_q, "cu_seqlens_q", 1, "[num_seqs + 1]", (torch.int32,))
     check_device(cu_seqlens_q, "cu_seqlens_q", q.device)
     check_dim("cu_seqlens_q", "length (num_seqs + 1)", shape.num_seqs + 1, cu_seqlens_q.shape[0])
@@ -277,15 +302,18 @@ def check_contiguous_decode(q, k, v, seq_lens, *, scale, out, validate=None, dty
                                    f"got {int(lens[s])}")
 
 
-def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None, dtypes=KERNEL_DTYPES) -> None:
+def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None, dtypes=KERNEL_DTYPES, fp8=False,
+                   k_scale=None, v_scale=None) -> None:
     """All checks of ``write_kv``; slot values (range, distinct) when validating (see
-    :func:`validation_enabled`: by default when slot_mapping is in host memory)."""
+    :func:`validation_enabled`: by default when slot_mapping is in host memory). ``fp8``: fp8 caches are
+    accepted (k and v of any of ``dtypes``), with their scales."""
     check_tensor(k, "k", 3, "[num_tokens, num_kv_heads, head_dim]", dtypes)
     check_tensor(v, "v", 3, "[num_tokens, num_kv_heads, head_dim]", dtypes)
     check_same(v, "v", k, "k")
-    check_cache_pair(k_cache, v_cache, dtypes, k.device)
+    check_cache_pair(k_cache, v_cache, (*dtypes, *FP8_DTYPES) if fp8 else dtypes, k.device)
     check_device(v, "v", k.device)
-    if k_cache.dtype != k.dtype:
+    check_kv_scales(k_cache, k_scale, v_scale)
+    if k_cache.dtype != k.dtype and not (fp8 and k_cache.dtype in FP8_DTYPES):
         raise KernelDtypeError(f"k_cache must have the dtype of k ({k.dtype}); got {k_cache.dtype}")
     check_dim("k", "[num_kv_heads, head_dim] (k.shape[1:]) = k_cache.shape[2:]",
               tuple(k_cache.shape[2:]), tuple(k.shape[1:]))
@@ -307,8 +335,10 @@ def check_write_kv(k, v, k_cache, v_cache, slot_mapping, *, validate=None, dtype
 
 
 def check_copy_blocks(k_cache, v_cache, pairs, *, validate=None, dtypes=KERNEL_DTYPES) -> None:
-    """All checks of ``copy_blocks``; block ids (range, distinct destinations that are not sources) when
-    validating (see :func:`validation_enabled`: by default when pairs is in host memory)."""
+    """All checks of ``copy_blocks`` (caches of ``dtypes`` or fp8: it copies bytes); block ids (range,
+    distinct destinations that are not sources) when validating (see :func:`validation_enabled`: by
+    default when pairs is in host memory)."""
+    dtypes = (*dtypes, *FP8_DTYPES)
     check_tensor(k_cache, "k_cache", 4, "[num_blocks, block_size, num_kv_heads, head_dim]", dtypes)
     check_cache_pair(k_cache, v_cache, dtypes, k_cache.device)
     check_tensor(pairs, "pairs", 2, "[num_pairs, 2] of (src, dst) block ids", INDEX_DTYPES)
@@ -327,3 +357,32 @@ def check_copy_blocks(k_cache, v_cache, pairs, *, validate=None, dtypes=KERNEL_D
             raise KernelInputError("pairs: destination blocks must be distinct")
         if torch.isin(dst, src).any():
             raise KernelInputError("pairs: a destination block must not also be a source")
+
+
+def check_merge_attn_states(out_a, lse_a, out_b, lse_b, *, out, out_lse, dtypes=KERNEL_DTYPES) -> None:
+    """All checks of ``merge_attn_states``: outputs ``[num_tokens, num_heads, head_dim]`` of one dtype,
+    LSEs ``[num_tokens, num_heads]`` float32 (float64 beside float64 outputs), all on one device; a
+    caller's ``out=`` / ``out_lse=`` shaped and typed like the result. No value is read (no sync)."""
+    layout = "[num_tokens, num_heads, head_dim]"
+    check_tensor(out_a, "out_a", 3, layout, dtypes)
+    check_tensor(out_b, "out_b", 3, layout, dtypes)
+    check_same(out_b, "out_b", out_a, "out_a")
+    for i, what in ((1, "num_heads"), (2, "head_dim")):
+        if out_a.shape[i] < 1:
+            raise KernelInputError(f"out_a: {what} (out_a.shape[{i}]) must be >= 1; got {out_a.shape[i]}")
+    lse_dtype = torch.float64 if out_a.dtype == torch.float64 else torch.float32
+    for t, name in ((lse_a, "lse_a"), (lse_b, "lse_b")):
+        check_tensor(t, name, 2, "[num_tokens, num_heads]", (lse_dtype,))
+        check_dim(name, "shape [num_tokens, num_heads] (out_a.shape[:2])", tuple(out_a.shape[:2]), tuple(t.shape))
+    for t, name in ((out_b, "out_b"), (lse_a, "lse_a"), (lse_b, "lse_b"), (out, "out"), (out_lse, "out_lse")):
+        if isinstance(t, torch.Tensor) and t.device != out_a.device:
+            raise KernelInputError(f"{name} must be on {out_a.device} (the device of out_a); got {t.device}")
+    if out is not None and isinstance(out, torch.Tensor) and out.dtype != out_a.dtype:
+        raise KernelDtypeError(f"out must have dtype {out_a.dtype} (the dtype of out_a); got {out.dtype}")
+    check_out(out, tuple(out_a.shape), out_a.dtype, out_a.device)
+    if out_lse is not None:
+        if not isinstance(out_lse, torch.Tensor):
+            raise KernelDtypeError(f"out_lse must be a torch.Tensor or None; got {type(out_lse).__name__}")
+        check_dim("out_lse", "shape [num_tokens, num_heads]", tuple(out_a.shape[:2]), tuple(out_lse.shape))
+        if out_lse.dtype != lse_dtype:
+            raise KernelDtypeError(f"out_lse must have dtype {lse_dtype}; got {out_lse.dtype}")

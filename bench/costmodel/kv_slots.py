@@ -87,10 +87,11 @@ class KvSlotBudget:
 
 def kv_slot_budget(model: ModelProfile, hardware: HardwareProfile,
                    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                   activation_bytes: int | None = None) -> KvSlotBudget:
-    """The derivation of :class:`KvSlotBudget`; ``activation_bytes`` overrides the estimate."""
+                   activation_bytes: int | None = None, kv_cache_dtype: str = "auto") -> KvSlotBudget:
+    """The derivation of :class:`KvSlotBudget`; ``activation_bytes`` overrides the estimate;
+    ``kv_cache_dtype="fp8_e4m3"`` counts one byte per K/V element (twice the slots of fp16 KV)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     reserve = activation_reserve_bytes(model) if activation_bytes is None else activation_bytes
     return KvSlotBudget(model.name, hardware.name, hardware.memory_bytes, gpu_memory_utilization,
-                        model.weight_bytes, reserve, model.kv_bytes_per_token)
+                        model.weight_bytes, reserve, model.kv_bytes_per_token_as(kv_cache_dtype))

@@ -48,6 +48,10 @@ _TRAITS = {
 }
 
 
+#: bytes of one stored KV element by the engine's kv_cache_dtype names (None: the model's dtype_bytes)
+KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {"auto": None, "fp8_e4m3": 1}
+
+
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """A decoder's shape (field names as in Hugging Face config.json) and what follows from it."""
@@ -110,6 +114,14 @@ class ModelProfile:
     def kv_bytes_per_token(self) -> int:
         """K and V of one token in every layer."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_per_token_as(self, kv_cache_dtype: str = "auto") -> int:
+        """K and V of one token in every layer, stored as ``kv_cache_dtype`` ("auto": the model's dtype;
+        "fp8_e4m3": one byte an element, as ``LLM(kv_cache_dtype=...)`` stores them)."""
+        if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_BYTES)}; got {kv_cache_dtype!r}")
+        element = KV_CACHE_DTYPE_BYTES[kv_cache_dtype] or self.dtype_bytes
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * element
 
     @property
     def gemm_io_elements_per_token_per_layer(self) -> int:

@@ -78,15 +78,17 @@ class StepCostModel:
     prefill_attn_s_per_pair: float  # p_pair: QK + PV FLOPs of one (query, key) pair
 
     @classmethod
-    def from_profiles(cls, model: ModelProfile, hardware: HardwareProfile) -> StepCostModel:
-        """The roofline of ``model`` on ``hardware`` at its achievable fractions."""
+    def from_profiles(cls, model: ModelProfile, hardware: HardwareProfile,
+                      kv_cache_dtype: str = "auto") -> StepCostModel:
+        """The roofline of ``model`` on ``hardware`` at its achievable fractions; attention streams KV
+        stored as ``kv_cache_dtype`` (``ModelProfile.kv_bytes_per_token_as``)."""
         bw = hardware.achievable_bandwidth_bytes_per_s
         flops = hardware.achievable_flops_per_s
         layers, dtype = model.num_hidden_layers, model.dtype_bytes
         linear_params = layers * model.linear_params_per_layer
         q_width = model.num_attention_heads * model.head_dim
         attn_flops_per_pair = 4 * q_width * layers  # QK^T and PV: 2 FLOPs per multiply-add, per head dim
-        kv_bytes = model.kv_bytes_per_token
+        kv_bytes = model.kv_bytes_per_token_as(kv_cache_dtype)
         return cls(
             label=f"{model.name} on {hardware.name}",
             fixed_s=hardware.step_overhead_s + layers * hardware.layer_overhead_s,

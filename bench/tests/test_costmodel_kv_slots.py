@@ -40,3 +40,14 @@ def test_more_utilization_more_slots_and_bad_utilization_refused():
 
 def test_model_too_big_gives_zero_slots_not_negative():
     assert kv_slot_budget(load_model("llama-2-70b"), load_hardware("a100-80gb")).num_slots == 0
+
+
+def test_fp8_kv_cache_counts_one_byte_per_element():
+    """fp8 KV (as LLM(kv_cache_dtype="fp8_e4m3") stores it) halves the bytes of an fp16 model's token,
+    so about twice the slots fit in the same memory; an unknown name is refused."""
+    model, gpu = load_model("opt-13b"), load_hardware("a100-40gb")
+    fp16, fp8 = kv_slot_budget(model, gpu), kv_slot_budget(model, gpu, kv_cache_dtype="fp8_e4m3")
+    assert fp8.kv_bytes_per_token * 2 == fp16.kv_bytes_per_token == 800 * 1024
+    assert fp8.num_slots == fp8.kv_cache_bytes // (400 * 1024) and fp8.num_slots >= 2 * fp16.num_slots
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8_e4m3; got 'fp8'"):
+        kv_slot_budget(model, gpu, kv_cache_dtype="fp8")

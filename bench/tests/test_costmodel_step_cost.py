@@ -121,3 +121,13 @@ def test_command_line_report_lists_every_gpu(capsys):
     out = capsys.readouterr().out
     assert "15,360 token slots" in out
     assert all(g in out for g in ("a100-40gb", "a100-80gb", "h100-sxm", "h200"))
+
+
+def test_fp8_kv_cache_halves_the_kv_bytes_attention_streams(model_and_cost):
+    """A prefill chunk reads half the KV bytes from an fp8 cache; a long decode step costs less."""
+    model, gpu, fp16 = model_and_cost
+    fp8 = StepCostModel.from_profiles(model, gpu, kv_cache_dtype="fp8_e4m3")
+    assert fp8.prefill_attn_s_per_kv_token == pytest.approx(fp16.prefill_attn_s_per_kv_token / 2)
+    batch = StepBatch.of(decode_context_lens=(4096,) * 32)
+    assert fp8.step_time_s(batch) < fp16.step_time_s(batch)
+    assert fp8.linear_weights_s == fp16.linear_weights_s  # the weights are not what changed

@@ -24,6 +24,8 @@ SUITES = {
     # int64 and cache-op files first: cheap, and they are what the write/offset mutants break
     "numerics": ["test_int64_offsets.py", "test_cache_ops.py", "test_decode.py", "test_prefill.py",
                  "test_metamorphic.py"],
+    # the newer families, cheapest first: each mutant there dies in the first module that covers it
+    "merge_and_shapes": ["test_merge_states.py", "test_fp8_kv.py", "test_gqa_groups.py", "test_long_context.py"],
     "block_manager": ["test_block_manager.py", "test_block_manager_scenarios.py",
                       "test_copy_on_write_data.py", "test_block_manager_stateful.py"],
 }

@@ -66,6 +66,12 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+#: kv_cache_dtype names -> the cache's torch dtype ("auto": the model's)
+KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
+#: attention backends that read and write fp8 caches (their launchers quantize and dequantize)
+FP8_BACKENDS = ("triton", "torch")
+
+
 class LLM:
     """A model served with continuous batching over a paged (or contiguous) KV cache.
 
@@ -92,6 +98,9 @@ class LLM:
     a step is prompts or decodes, as vLLM v0.1) and ``watermark_blocks`` (free blocks admission keeps
     for running sequences' growth; paged allocator only), with ``max_num_seqs`` and
     ``max_num_batched_tokens`` (see ``engine/scheduler.py``).
+    ``kv_cache_dtype``: "auto" (the model's dtype) or "fp8_e4m3": K and V stored as float8_e4m3fn with
+    per-tensor scales of 1.0 (vLLM's default without calibration), half the bytes of fp16 per token; it
+    needs the "triton" or "torch" attention backend.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -100,7 +109,7 @@ class LLM:
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
-                 poison_kv_cache: bool | None = None) -> None:
+                 poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto") -> None:
         # every argument checked before the model loads
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
@@ -111,6 +120,13 @@ class LLM:
         if watermark_blocks and allocator != "paged":
             raise InvalidArgumentError(f"watermark_blocks applies to the paged allocator only, got "
                                        f"watermark_blocks={watermark_blocks} with allocator={allocator!r}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidArgumentError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
+                                       f"got {kv_cache_dtype!r}")
+        if batch_invariant and kv_cache_dtype != "auto":
+            # the batch-invariant attention reads the cache in the model's dtype: it has no fp8 dequantize
+            raise InvalidArgumentError(f"batch_invariant=True does not support kv_cache_dtype={kv_cache_dtype!r}; "
+                                       "use kv_cache_dtype='auto'")
         self.block_size = _positive("block_size", block_size)
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
@@ -128,6 +144,12 @@ class LLM:
         else:
             self.loaded = load_model(model, dtype=dtype, attention_backend=attention_backend, seed=seed)
         self.model, self.config, self.tokenizer = self.loaded.model, self.loaded.config, self.loaded.tokenizer
+        kv_dtype = self.model.dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
+        backend = getattr(getattr(self.model, "attention_backend", None), "name", None)
+        if kv_cache_dtype != "auto" and backend not in FP8_BACKENDS:
+            raise InvalidArgumentError(f"kv_cache_dtype={kv_cache_dtype!r} needs the attention backend "
+                                       f"{' or '.join(map(repr, FP8_BACKENDS))}; the model has {backend!r}")
+        self.kv_cache_dtype = kv_cache_dtype
         limit = self.config.max_position_embeddings
         self.max_model_len = limit if max_model_len is None else _positive("max_model_len", max_model_len)
         if self.max_model_len > limit:
@@ -136,7 +158,7 @@ class LLM:
             num_blocks = 4 * -(-self.max_model_len // self.block_size)
         cfg = self.config
         self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.block_size,
-                              self.model.dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory,
+                              kv_dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory,
                               poison=poison_from_env() if poison_kv_cache is None else bool(poison_kv_cache))
         if watermark_blocks >= self.pool.num_blocks:
             raise InvalidArgumentError(f"watermark_blocks must be below the pool's {self.pool.num_blocks} "

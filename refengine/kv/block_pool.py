@@ -43,6 +43,9 @@ _STORAGE: dict[torch.dtype, tuple[str, int]] = {
     torch.bfloat16: ("uint16", 0x7FC0),
     torch.float32: ("uint32", 0x7FC0_0000),
     torch.float64: ("uint64", 0x7FF8_0000_0000_0000),
+    # fp8 KV caches (NumPy has no fp8 dtype: bytes, viewed as float8_e4m3fn by torch); values are stored
+    # quantized by the attention kernels' write_kv, not by write_slots
+    torch.float8_e4m3fn: ("uint8", 0x7F),
 }
 
 

@@ -233,7 +233,7 @@ class LlamaModel(nn.Module):
                 f"kv_caches must hold one (k, v) pair per layer ({self.config.num_hidden_layers}); "
                 f"got {len(kv_caches)}"
             )
-        if kv_caches[0][0].dtype != self.dtype:
+        if kv_caches[0][0].dtype not in (self.dtype, torch.float8_e4m3fn):  # fp8: the backend (de)quantizes
             raise InvalidArgumentError(
                 f"KV cache dtype {kv_caches[0][0].dtype} differs from the model's {self.dtype}"
             )
