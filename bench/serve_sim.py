@@ -33,8 +33,9 @@ from pagedbench.bench import environment as env_mod
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
+from pagedbench.bench.serving_config import Setting
+from pagedbench.bench.serving_points import cost_model, step_time_fn
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.serving_study import cost_model, step_time_fn
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serve_sim"  # PAGEDBENCH_SERVE_SIM_CACHE overrides it
 POINT_VERSION = 1  # bump when a point's result changes for the same inputs
@@ -117,9 +118,7 @@ def run_trace_point(p: TracePoint) -> dict:
     return row
 
 
-def serving_sim_setting(p: TracePoint):
-    from pagedbench.bench.serving_study import Setting
-
+def serving_sim_setting(p: TracePoint) -> Setting:
     return Setting(f"{p.model}@{p.gpu}", p.model, p.gpu, p.max_seq_len)
 
 

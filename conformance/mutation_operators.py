@@ -310,7 +310,8 @@ def ref_count_off_by_one(tree: ast.Module, src: _Source) -> list[Site]:
 def preempt_oldest(tree: ast.Module, src: _Source) -> list[Site]:
     sites = []
     for n in _host_nodes(tree):
-        if isinstance(n, ast.Subscript) and src.text(n.value) == "self.running" and src.text(n.slice) == "-1":
+        if isinstance(n, ast.Subscript) and src.text(n.value) in ("self.running", "running") \
+                and src.text(n.slice) == "-1":
             sites.append(_span(n.slice, "0"))
     return sites
 
