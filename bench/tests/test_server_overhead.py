@@ -1,0 +1,24 @@
+"""The server-overhead study on the tiny model (server on a thread, a few tokens): the engine-alone and
+served figures are measured and the overhead is their difference, written as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+from pagedbench.bench import server_overhead
+
+
+def test_study_writes_its_figures(tmp_path):
+    assert server_overhead.main(["--model", "tiny", "--batch", "3", "--prompt-len", "5", "--max-tokens", "8",
+                                 "--ttft-requests", "2", "--server", "thread", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "server_overhead.json").read_text())["result"]
+    step = (r["engine_first"]["decode_step_ms"] + r["engine_second"]["decode_step_ms"]) / 2
+    assert r["engine_first"]["num_decode_steps"] >= 5 and r["served"]["num_streams"] == 3
+    assert r["overhead_per_token_ms"] == pytest.approx(r["served"]["itl_ms"] - step)
+    assert r["overhead_ratio"] == pytest.approx(r["overhead_per_token_ms"] / step)
+    assert r["served"]["server_steps"] >= 7 and r["served"]["ttft_ms"] > 0
+    assert "server overhead per streamed token" in (tmp_path / "server_overhead.md").read_text()
