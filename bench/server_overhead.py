@@ -189,7 +189,8 @@ def markdown(doc: dict) -> str:
     step = (e1["decode_step_ms"] + e2["decode_step_ms"]) / 2
     rows = [
         ("decode step, engine alone (before / after)", f"{e1['decode_step_ms']:.2f} / {e2['decode_step_ms']:.2f} ms"),
-        ("decode step inside the server (mean, /metrics)", _ms(s["server_step_mean_ms"])),
+        ("step inside the server (mean over the run, its prefill steps included; /metrics)",
+         _ms(s["server_step_mean_ms"])),
         (f"ITL per stream through the server (steady state, median of {s['num_streams']} streams)",
          f"{s['itl_ms']:.2f} ms"),
         ("**server overhead per streamed token**",
