@@ -18,7 +18,10 @@ def test_study_writes_its_figures(tmp_path):
     r = json.loads((tmp_path / "server_overhead.json").read_text())["result"]
     step = (r["engine_first"]["decode_step_ms"] + r["engine_second"]["decode_step_ms"]) / 2
     assert r["engine_first"]["num_decode_steps"] >= 5 and r["served"]["num_streams"] == 3
-    assert r["overhead_per_token_ms"] == pytest.approx(r["served"]["itl_ms"] - step)
-    assert r["overhead_ratio"] == pytest.approx(r["overhead_per_token_ms"] / step)
-    assert r["served"]["server_steps"] >= 7 and r["served"]["ttft_ms"] > 0
+    inside = r["served"]["server_step_ms"]
+    assert r["overhead_per_token_ms"] == pytest.approx(r["served"]["itl_ms"] - inside)
+    assert r["overhead_ratio"] == pytest.approx(r["overhead_per_token_ms"] / inside)
+    assert r["overhead_vs_alone_ms"] == pytest.approx(r["served"]["itl_ms"] - step)
+    # the window holds only steady-state decode steps: fewer than the 8 tokens' steps, at least one
+    assert 1 <= r["served"]["server_steps"] <= 7 and r["served"]["ttft_ms"] > 0
     assert "server overhead per streamed token" in (tmp_path / "server_overhead.md").read_text()

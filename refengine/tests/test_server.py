@@ -100,6 +100,24 @@ def test_whole_and_streamed_completions_equal_the_offline_engine(client):
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == n
 
 
+def test_parallel_sampling_streams_each_choice(client):
+    prompt, n = [3, 1, 4, 1, 5], 5
+    body = completion(prompt, n, n=2, temperature=1.0, seed=11)
+    llm = LLM(resolve_model("tiny"), **ENGINE)
+    want = [c.token_ids for c in llm.generate([prompt], SamplingParams(
+        n=2, temperature=1.0, seed=11, max_tokens=n, ignore_eos=True))[0].outputs]
+    assert want[0] != want[1]
+    whole = client.post("/v1/completions", json=body).json()
+    assert [(c["index"], c["token_ids"]) for c in whole["choices"]] == [(0, want[0]), (1, want[1])]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        events = sse_events(r.iter_lines())[:-1]
+    streamed = {0: [], 1: []}
+    for e in events:
+        for c in e["choices"]:
+            streamed[c["index"]] += c["token_ids"]
+    assert streamed == {0: want[0], 1: want[1]}
+
+
 def test_concurrent_streams_share_the_batch(server):
     prompts = [[i + 1] * (3 + i) for i in range(6)]
     n = 12
