@@ -23,8 +23,12 @@ torch's C++ kernels with the GIL released, so the asyncio side (HTTP parsing, JS
 alongside them. What holds the GIL is the step's Python host work (scheduling, metadata, sampling
 bookkeeping) and the server's own Python; a process would not remove that work, only move it, and it
 would add a serialisation and a copy of every request and of every step's tokens through IPC, and a
-second copy of the engine's API to keep in step. ``bench/server_overhead.py`` measures what the
-server adds per streamed token on top of the engine's step time in this arrangement.
+second copy of the engine's API to keep in step. ``bench/server_overhead.py`` measures both costs of
+this arrangement on SmolLM2 at batch 32 (``results/server_overhead.md``): the time a streamed token
+spends outside the engine's step, and how much slower the step runs beside the HTTP side than alone.
+The first is a few percent of the step; the second is within the machine's drift between two
+engine-alone runs there. Revisit the choice if a faster model makes the step's Python share large:
+the tiny model's 1 ms steps, almost all Python, do slow down several-fold beside a busy server.
 """
 
 from __future__ import annotations
