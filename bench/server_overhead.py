@@ -125,6 +125,9 @@ async def through_server(url: str, ps: list[list[int]], max_tokens: int, ttft_re
         if len(tail) > 1:
             tpot.append((tail[-1] - tail[0]) / (len(tail) - 1))
     steps = end[0] - start[0]
+    if not tpot or not steps:
+        raise RuntimeError("the steady state ended before the server's step counters were read: the steps are "
+                           "too short for this measurement; raise --max-tokens")
     return {"itl_ms": 1e3 * statistics.median(tpot), "itl_max_ms": 1e3 * max(tpot), "num_streams": len(tpot),
             "server_step_ms": 1e3 * (end[1] - start[1]) / steps if steps else None,
             "server_steps": steps, "ttft_ms": 1e3 * statistics.median(ttft), "ttft_requests": len(ttft)}

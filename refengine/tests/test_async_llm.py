@@ -30,7 +30,7 @@ async def drain(stream) -> tuple[list[int], list]:
 
 def test_a_request_added_mid_run_joins_and_matches_offline():
     async def run(engine):
-        long = await engine.add([1, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True))
+        long = await engine.add([1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
         first = await long.__anext__()  # the long one is running
         late = await engine.add([4, 5, 6, 7], PARAMS)
         (late_tokens, late_updates), (rest, _) = await asyncio.gather(drain(late), drain(long))
@@ -39,7 +39,7 @@ def test_a_request_added_mid_run_joins_and_matches_offline():
     with AsyncLLM(LLM(resolve_model("tiny"), **ENGINE)) as engine:
         long_tokens, late_tokens, updates = asyncio.run(run(engine))
         stats = engine.llm.stats
-    assert long_tokens == offline([1, 2, 3], SamplingParams(max_tokens=40, ignore_eos=True))
+    assert long_tokens == offline([1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
     assert late_tokens == offline([4, 5, 6, 7])
     assert [d.num_output_tokens for u in updates for d in u.deltas] == list(range(1, 9))
     assert updates[-1].finished and updates[-1].deltas[-1].finish_reason == "length"

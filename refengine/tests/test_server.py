@@ -24,9 +24,22 @@ ENGINE = dict(num_blocks=48, max_model_len=1024, batch_invariant=True, seed=0)
 TIMEOUT = httpx.Timeout(20.0)
 
 
+STEP_FLOOR_S = 0.002  # the server's steps take at least this long (see the fixture)
+
+
 @pytest.fixture(scope="module")
 def server():
     llm = LLM(resolve_model("tiny"), **ENGINE)
+    # tiny's steps can take well under a millisecond on a fast machine: a floor on the step time keeps
+    # the tests' windows (a scrape while a request runs, 700 tokens outlasting a client's 0.3 s) machine
+    # independent. The sleep releases the GIL, as the model's kernels do.
+    execute = llm.executor.execute
+
+    def floored(out):
+        time.sleep(STEP_FLOOR_S)
+        return execute(out)
+
+    llm.executor.execute = floored
     running = start_in_thread(llm, model_name="tiny")
     try:
         yield running
@@ -146,7 +159,7 @@ def wait_for_abort(client, before: dict) -> dict:
     after = wait_for(lambda: (m := metrics(client)) and _abort_count(m) > _abort_count(before)
                      and m["pagedbench:num_requests_running"] == 0 and m)
     assert after, "the request was not aborted after its client left"
-    # 700 tokens asked for: ending by itself would generate them all
+    # 700 tokens asked for (>= 1.4 s of steps): ending by itself would generate them all
     generated = after["pagedbench:generation_tokens_total"] - before["pagedbench:generation_tokens_total"]
     assert generated < 300
     return after
@@ -212,10 +225,10 @@ def test_models_lists_the_served_model(client):
 
 def test_metrics_move_as_requests_run(client):
     before = metrics(client)
-    with client.stream("POST", "/v1/completions", json=completion([9, 8, 7], 40, stream=True)) as r:
+    with client.stream("POST", "/v1/completions", json=completion([9, 8, 7], 150, stream=True)) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
-        during = metrics(client)  # the request holds blocks and runs until its 40th token
+        during = metrics(client)  # the request holds blocks and runs until its 150th token (>= 0.3 s)
         rest = sse_events(lines)
     assert rest[-1] == "[DONE]"
     assert during["pagedbench:num_requests_running"] == 1 and during["pagedbench:kv_cache_used_blocks"] >= 1
@@ -225,12 +238,12 @@ def test_metrics_move_as_requests_run(client):
     assert after, "the finished request was not observed"
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     assert after["pagedbench:num_requests_running"] == 0 and after["pagedbench:kv_cache_used_blocks"] == 0
-    assert d["pagedbench:generation_tokens_total"] == 40 and d["pagedbench:prompt_tokens_total"] == 3
+    assert d["pagedbench:generation_tokens_total"] == 150 and d["pagedbench:prompt_tokens_total"] == 3
     assert d["pagedbench:request_success_total{finished_reason=length}"] == 1
     assert d["pagedbench:time_to_first_token_seconds_count"] == 1
     assert d["pagedbench:e2e_request_latency_seconds_count"] == 1
-    assert d["pagedbench:inter_token_latency_seconds_count"] == 39
-    assert d["pagedbench:prefix_cache_queries_total"] >= 3 and d["pagedbench:engine_step_seconds_count"] >= 40
+    assert d["pagedbench:inter_token_latency_seconds_count"] == 149
+    assert d["pagedbench:prefix_cache_queries_total"] >= 3 and d["pagedbench:engine_step_seconds_count"] >= 150
 
 
 @pytest.mark.parametrize(("argv", "message"), [
