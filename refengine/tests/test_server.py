@@ -256,3 +256,16 @@ def test_serve_arguments_are_checked_before_loading(argv, message, capsys):
 
     assert main(["serve", *argv]) == 2
     assert capsys.readouterr().err.startswith(message)
+
+
+def test_a_stopped_engine_answers_503():
+    running = start_in_thread(LLM(resolve_model("tiny"), num_blocks=8, seed=0), model_name="tiny")
+    try:
+        with httpx.Client(base_url=running.url, timeout=TIMEOUT) as c:
+            running.engine.shutdown()
+            health = c.get("/health")
+            r = c.post("/v1/completions", json=completion([1, 2], 2))
+    finally:
+        running.stop()
+    assert health.status_code == 503 and "the engine is not running" in health.json()["error"]["message"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
