@@ -197,7 +197,8 @@ def measure(model_spec: str, *, batch: int, prompt_len: int, max_tokens: int, tt
     step = statistics.fmean([first["decode_step_ms"], second["decode_step_ms"]])
     prefill = statistics.fmean([first["prefill_ms"], second["prefill_ms"]])
     inside = served["server_step_ms"]
-    return {"model": model_spec, "batch": batch, "prompt_len": prompt_len, "max_tokens": max_tokens,
+    shown = Path(model_spec).name if Path(model_spec).is_dir() else model_spec  # no local path in results
+    return {"model": shown, "batch": batch, "prompt_len": prompt_len, "max_tokens": max_tokens,
             "server": server, "engine_first": first, "engine_second": second, "served": served,
             "overhead_per_token_ms": served["itl_ms"] - inside,
             "overhead_ratio": (served["itl_ms"] - inside) / inside,
