@@ -26,8 +26,8 @@ would add a serialisation and a copy of every request and of every step's tokens
 second copy of the engine's API to keep in step. ``bench/server_overhead.py`` measures both costs of
 this arrangement on SmolLM2 at batch 32 (``results/server_overhead.md``): the time a streamed token
 spends outside the engine's step, and how much slower the step runs beside the HTTP side than alone.
-The first is a few percent of the step; the second is within the machine's drift between two
-engine-alone runs there. Revisit the choice if a faster model makes the step's Python share large:
+Both are a few percent of the step there (the second is the GIL shared with the HTTP side), within
+the 10% goal together. Revisit the choice if a faster model makes the step's Python share large:
 the tiny model's 1 ms steps, almost all Python, do slow down several-fold beside a busy server.
 """
 
