@@ -16,7 +16,8 @@ STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", 
            "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
            "load_speed", "beam_study")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
-            "serve-sim": "serve_sim"}
+            "serve-sim": "serve_sim", "loadgen": "loadgen",
+            "server_overhead": "server_overhead"}
 
 
 def main(argv: list[str] | None = None) -> int:

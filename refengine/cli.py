@@ -1,4 +1,5 @@
-"""``python -m pagedbench.refengine generate``: serve a few prompts and print the completions and stats.
+"""``python -m pagedbench.refengine generate``: serve a few prompts and print the completions and stats;
+``python -m pagedbench.refengine serve``: the OpenAI-compatible HTTP server (``refengine/server/``).
 
 ``--model`` is a local Hugging Face folder, a YAML model config, or the name of a config in the bench's
 ``configs/models.yaml`` (``tiny``, ``small``...: seeded random weights, nothing to download). A model
@@ -12,6 +13,7 @@ imported only then, so ``--help`` and a mistake answer at once.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -102,7 +104,63 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="apply the model folder's chat template to text prompts")
     gen.add_argument("--batch-invariant", action="store_true",
                      help="logits bit-identical whatever else is in the batch (slower)")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)",
+                           description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    serve.add_argument("--seed", type=int, default=0, help="random weights and sampling (default 0)")
+    serve.add_argument("--dtype", default=None, choices=DTYPE_NAMES, metavar="DTYPE",
+                       help="float32, bfloat16 or float16 (default: the model's)")
+    serve.add_argument("--num-blocks", type=int, default=None, help="KV pool blocks (default: the engine's)")
+    serve.add_argument("--max-num-seqs", type=int, default=64, help="running batch size limit (default 64)")
+    serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (default 512)")
+    serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's maximum")
+    serve.add_argument("--batch-invariant", action="store_true",
+                       help="logits bit-identical whatever else is in the batch (slower)")
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return parser
+
+
+SERVE_DESCRIPTION = """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health,
+/metrics) with the reference engine, streaming tokens as steps produce them.
+
+examples:
+  python -m pagedbench.refengine serve --model tiny --port 8000      # token-id prompts only
+  python -m pagedbench.refengine serve --model models/SmolLM2-135M-Instruct
+"""
+
+
+def check_serve_arguments(args: argparse.Namespace):
+    """Everything ``serve`` can check without the weights: returns the model source."""
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port must be in 1..65535; got {args.port}")
+    if args.seed < 0:
+        raise CLIError(f"--seed must be >= 0; got {args.seed}")
+    for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CLIError(f"serve needs {', '.join(missing)}: pip install 'pagedbench[serve]'")
+    return resolve_model(args.model)
+
+
+def serve(args: argparse.Namespace) -> int:
+    source = check_serve_arguments(args)
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    from pagedbench.refengine.engine.llm import LLM
+    from pagedbench.refengine.server.launch import serve_forever
+
+    llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant,
+              num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+    folder = source if isinstance(source, str) and Path(source).expanduser().is_dir() else None
+    serve_forever(llm, model_name=args.served_model_name or args.model, model_folder=folder, host=args.host,
+                  port=args.port, log_level=args.log_level)
+    return 0
 
 
 def chat_template(folder: str) -> tuple[str, dict]:
@@ -122,6 +180,12 @@ def chat_template(folder: str) -> tuple[str, dict]:
 
 def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     """One user turn rendered with the folder's chat template, as token ids (the template adds BOS)."""
+    return render_chat(folder, tokenizer, [{"role": "user", "content": text}])
+
+
+def render_chat(folder: str, tokenizer, messages: list[dict]) -> dict:
+    """``messages`` (``{"role", "content"}`` dicts) rendered with the folder's chat template and a
+    generation prompt, as token ids; :class:`CLIError` when the template refuses them."""
     template, config = chat_template(folder)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -135,7 +199,7 @@ def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     rendered = env.from_string(template).render(
-        messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+        messages=messages, add_generation_prompt=True,
         bos_token=token("bos_token"), eos_token=token("eos_token"))
     return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False).ids}
 
@@ -199,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return generate(args)
+        return serve(args) if args.command == "serve" else generate(args)
     except (CLIError, FileNotFoundError, InvalidArgumentError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -240,6 +240,26 @@ class LLM:
         self._check_no_leak()
         return [r.output(self.tokenizer) for r in requests]
 
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None) -> Request:
+        """Validate one prompt (any form :meth:`generate` takes) and queue it without stepping: the entry
+        of an online front (``engine/async_llm.py``) that steps with :meth:`step` as requests come.
+
+        Returns its :class:`Request` (``request_id``, ``children``; ``output()`` once finished). A bad
+        request comes back with ``error`` set and is not queued: it changes nothing but the id counter.
+        """
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if not isinstance(sampling_params, SamplingParams):
+            raise InvalidArgumentError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
+        req = self._make_request(prompt, sampling_params)
+        if req.error is not None:
+            self._recorder.requests(0, 1)
+            return req
+        self._recorder.requests(1, 0)
+        self._recorder.prompt_tokens(len(req.prompt_token_ids))
+        self.core.add(req)
+        return req
+
     def _after_failed_step(self, exc: Exception, failures: dict[int, int], max_retries: int) -> list[Sequence]:
         """Count a failed step against the requests it touched (every queued one when it touched none,
         e.g. planning failed at its first admission) and abort those out of retries; returns their

@@ -35,6 +35,10 @@ class SamplingParams:
     seed: int | None = None  # child i uses seed + i; None derives one from the engine's seed
     stop_token_ids: tuple[int, ...] = ()  # tokens that end a sequence (included in its output)
     ignore_eos: bool = False  # do not stop at the model's EOS token(s)
+    # EOS and stop_token_ids end no sequence before it has this many output tokens (vLLM masks those
+    # tokens out until then; here they may be generated and are kept, but do not end it). A load
+    # generator replaying a trace's lengths sets min_tokens = max_tokens
+    min_tokens: int = 0
     # per generated token, the log-probabilities of the sampled token and of the k most likely ones
     # (the model's raw distribution, before temperature/top-k/top-p, as vLLM v1); None: none returned
     logprobs: int | None = None
@@ -65,6 +69,9 @@ class SamplingParams:
         if bad:
             raise InvalidArgumentError(f"stop_token_ids must be non-negative ints, got {bad!r}")
         object.__setattr__(self, "stop_token_ids", stop)
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidArgumentError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidArgumentError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):

@@ -497,11 +497,12 @@ class Scheduler:
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
-        if not p.ignore_eos and token in self.stop.eos_token_ids:
-            return "eos"
-        if token in p.stop_token_ids:
-            return "stop"
         n = len(seq.token_ids)
+        if n - seq.num_prompt_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in self.stop.eos_token_ids:
+                return "eos"
+            if token in p.stop_token_ids:
+                return "stop"
         if n - seq.num_prompt_tokens >= p.max_tokens or n > self.stop.max_model_len:
             return "length"
         return None

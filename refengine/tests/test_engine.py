@@ -115,6 +115,25 @@ def test_eos_and_ignore_eos(loaded):
     assert (out.token_ids, out.finish_reason) == (free, "length")
 
 
+def test_min_tokens_defers_eos_and_stop_tokens(loaded):
+    base = LLM(loaded, block_size=4, num_blocks=32)
+    prompt = rand_prompt(6, 2)  # ten distinct greedy tokens
+    free = base.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))[0].outputs[0].token_ids
+    eos = free[2]
+    later = next(i for i in range(5, 10) if free[i] != eos)  # a stop token first met at or after index 5
+    with_eos = load_model(dict(MODEL, eos_token_id=eos), attention_backend="torch", seed=2)
+    llm = LLM(with_eos, block_size=4, num_blocks=32)
+    # EOS (and a stop token) before min_tokens is generated but ends nothing; greedy tokens are unchanged
+    out = llm.generate([prompt], SamplingParams(max_tokens=10, min_tokens=10))[0].outputs[0]
+    assert (out.token_ids, out.finish_reason) == (free, "length")
+    stop = free[later]
+    out = llm.generate([prompt], SamplingParams(max_tokens=10, min_tokens=4, stop_token_ids=[stop]))[0].outputs[0]
+    end = next(i for i in range(3, 10) if free[i] in (eos, stop))  # the 4th token on may end it
+    assert (out.token_ids, out.finish_reason) == (free[:end + 1], "eos" if free[end] == eos else "stop")
+    with pytest.raises(InvalidArgumentError, match=r"min_tokens must be an int in \[0, max_tokens=4\], got 5"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
 def test_max_model_len_caps_the_output(loaded):
     llm = LLM(loaded, block_size=4, num_blocks=32, max_model_len=20)
     params = SamplingParams(max_tokens=30, ignore_eos=True)

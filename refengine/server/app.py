@@ -1,0 +1,196 @@
+"""The OpenAI-compatible HTTP front: FastAPI routes that translate HTTP to the online engine's ``add``,
+``abort`` and token stream, and decide nothing (who runs, when, where its KV lives: the engine's loop).
+
+==========================  ======  ==============================================================
+``/v1/completions``         POST    a prompt (text or token ids); SSE with ``"stream": true``
+``/v1/chat/completions``    POST    messages rendered with the model folder's chat template
+``/v1/models``              GET     the served model
+``/health``                 GET     200 while the engine thread runs, else 503
+``/metrics``                GET     Prometheus text (``server/metrics.py``)
+==========================  ======  ==============================================================
+
+Errors have OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): 422 for a body that
+is not the API's shape, 400 for one the engine refuses (a text prompt without a tokenizer, a prompt
+too long, a request that could never fit the KV pool, an unsupported field), 404 for an unknown
+model or path, 503 once the engine has stopped. A client that disconnects aborts its request (a
+stream at its next write; a whole response through a disconnect listener, as vLLM does), freeing its
+KV blocks before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pagedbench.refengine.engine.async_llm import AsyncLLM, EngineDeadError
+from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from pagedbench.refengine.server.metrics import ServerMetrics
+from pagedbench.refengine.server.protocol import ChatRequest, CompletionRequest, UnsupportedError, error_body
+from pagedbench.refengine.server.responses import SSE_DONE, ResponseBuilder, sse_error
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_DEFAULT_MAX_TOKENS = 256  # chat has no documented default: ours, capped by the model's length
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, kind=kind, param=param), status_code=status)
+
+
+def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = None) -> FastAPI:
+    """The app over a started ``engine``; ``model_folder``: the Hugging Face folder the model came from
+    (its chat template serves ``/v1/chat/completions``), None for a random-weight config."""
+    app = FastAPI(title="PagedBench reference engine", docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(model_name)
+    tokenizer = engine.llm.tokenizer
+    created = int(time.time())
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return _error(422, f"invalid request body: {where or 'body'}: {first.get('msg', 'malformed')}",
+                      param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_running:
+            return _error(503, f"the engine is not running: {engine.dead_reason or 'stopped'}", "server_error")
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "pagedbench", "max_model_len": engine.llm.max_model_len}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(await engine.snapshot()), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(body.model, model_name)
+        params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        try:
+            prompt = body.engine_prompt()
+        except UnsupportedError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        return await _serve(prompt, params, body, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        _check_model(body.model, model_name)
+        if tokenizer is None or model_folder is None:
+            raise APIError(400, f"model {model_name!r} has no tokenizer and no chat template: chat needs a "
+                                "model folder; use /v1/completions with token-id prompts", param="messages")
+        params = _params(body, min(CHAT_DEFAULT_MAX_TOKENS, engine.llm.max_model_len))
+        from pagedbench.refengine.cli import CLIError, render_chat
+
+        try:
+            prompt = render_chat(model_folder, tokenizer, body.message_dicts())
+        except (CLIError, UnsupportedError) as e:
+            raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+        return await _serve(prompt, params, body, request, chat=True)
+
+    async def _serve(prompt, params, body, request: Request, *, chat: bool):
+        try:
+            stream = await engine.add(prompt, params)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), param="messages" if chat else "prompt") from None
+        except EngineDeadError as e:
+            raise APIError(503, str(e), "server_error") from None
+        builder = ResponseBuilder(stream, model_name=model_name, tokenizer=tokenizer, chat=chat)
+        if body.stream:
+            return StreamingResponse(_sse(stream, builder, body.include_usage), media_type="text/event-stream")
+        collect = asyncio.ensure_future(_collect(stream, builder))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not collect.done():  # the client left: stop waiting and free its blocks
+                collect.cancel()
+                stream.close()
+                _observe(stream, builder)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collect
+        if not collect.done() or collect.cancelled():
+            return Response(status_code=499)
+        collect.result()
+        if builder.error is not None:
+            raise APIError(500, builder.error, "server_error")
+        return builder.response()
+
+    async def _collect(stream, builder: ResponseBuilder) -> None:
+        try:
+            async for update in stream:
+                builder.apply(update)
+        finally:
+            if stream.finished:
+                _observe(stream, builder)
+
+    async def _sse(stream, builder: ResponseBuilder, include_usage: bool):
+        try:
+            async for update in stream:
+                for chunk in builder.sse_chunks(update):
+                    yield chunk
+            if builder.error is not None:
+                yield sse_error(builder.error, 500)
+            elif include_usage:
+                yield builder.sse_usage()
+            yield SSE_DONE
+        finally:
+            stream.close()  # the client went away mid-stream: abort (a no-op once finished)
+            _observe(stream, builder)
+
+    def _observe(stream, builder: ResponseBuilder) -> None:
+        if builder.observed:
+            return
+        builder.observed = True
+        metrics.observe_request(stream.arrival_time_s, builder.token_times_s, builder.num_output_tokens,
+                                builder.finished_reason)
+
+    return app
+
+
+def _check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise APIError(404, f"the model {requested!r} does not exist; this server serves {served!r}",
+                       "not_found_error", "model")
+
+
+def _params(body, default_max_tokens: int):
+    try:
+        return body.sampling_params(default_max_tokens)
+    except (UnsupportedError, InvalidArgumentError) as e:
+        raise APIError(400, str(e)) from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (its body already read: the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

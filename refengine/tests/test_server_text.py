@@ -1,0 +1,64 @@
+"""The server with a model folder's tokenizer and chat template: text prompts, chat messages rendered
+by the template, streamed text pieces that add up to the whole response's text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+from pagedbench.refengine import LLM, SamplingParams  # noqa: E402
+from pagedbench.refengine.server.launch import start_in_thread  # noqa: E402
+from pagedbench.refengine.tests.test_cli import folder  # noqa: E402, F401  (the HF folder fixture)
+
+
+@pytest.fixture(scope="module")
+def text_server(folder):  # noqa: F811
+    running = start_in_thread(LLM(str(folder), seed=0), model_name="words", model_folder=str(folder))
+    try:
+        with httpx.Client(base_url=running.url, timeout=20.0) as client:
+            yield client, folder
+    finally:
+        running.stop()
+
+
+def events(response) -> list:
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def test_chat_renders_the_template_and_streams_the_same_text(text_server):
+    client, hf_folder = text_server
+    body = {"model": "words", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 6,
+            "temperature": 0, "ignore_eos": True}
+    whole = client.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    choice = whole.json()["choices"][0]
+    llm = LLM(str(hf_folder), seed=0)
+    # the template's rendering of one user turn: BOS USER hello world ASSISTANT
+    want = llm.generate([{"prompt_token_ids": [1, 2, 4, 5, 3]}], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+    assert choice["token_ids"] == want.outputs[0].token_ids
+    assert choice["message"] == {"role": "assistant", "content": llm.tokenizer.decode(want.outputs[0].token_ids)}
+    assert whole.json()["usage"]["prompt_tokens"] == 5
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        chunks = events(r)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == choice["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_completion_streams_its_text(text_server):
+    client, _ = text_server
+    body = {"prompt": "hello world hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        streamed = "".join(c["choices"][0]["text"] for c in events(r))
+    assert whole["text"] and streamed == whole["text"]
+
+
+def test_chat_refuses_non_text_content(text_server):
+    client, _ = text_server
+    r = client.post("/v1/chat/completions", json={"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert r.status_code == 400 and "only text parts are served" in r.json()["error"]["message"]
