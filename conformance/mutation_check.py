@@ -2,8 +2,8 @@
 manager, scheduler and sampler, each run against the tests that cover its file, reported in
 ``results/mutation.md`` and ``results/mutation.json``.
 
-``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants 70] [--seed 0] [--only TEXT]
-[--out results]``
+``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants N] [--per-operator N] [--seed 0]
+[--only TEXT] [--out results]``
 
 Why not a general tool: mutmut 3 skips every decorated function (so no ``@triton.jit`` kernel is
 mutated) and imports the package from its own copy, which our ``pagedbench.*`` folder mapping defeats;
@@ -11,8 +11,9 @@ cosmic-ray rewrites the working tree in place with generic operators. So the ope
 (:mod:`conformance.mutation_operators`: exact-span text rewrites, kernels stay valid source) and so is the
 runner (:mod:`conformance.mutation_runner`: one private copy of the tree per worker, a timeout per run).
 
-Each file's mutants are sampled per operator (seeded, ``--per-operator`` each) and then overall
-(``--max-mutants``); the unmutated copy must pass each file's tests first (its time sets the timeout).
+Every mutant runs by default. Sampling is only on request: at most ``--per-operator`` of each (file,
+operator), then at most ``--max-mutants`` in all (seeded). The unmutated copy must pass each file's tests
+first (its time sets the timeout).
 A mutant that survives and is listed in :data:`conformance.mutation_equivalents.EQUIVALENT` is reported
 as equivalent, with the reason.
 """
@@ -124,10 +125,13 @@ def all_mutants(root: Path = REPO_ROOT) -> list[tuple[Target, ops.Mutant]]:
     return found
 
 
-def sample(mutants: list, *, per_operator: int, max_mutants: int, seed: int) -> list:
+def sample(mutants: list, *, per_operator: int | None = None, max_mutants: int | None = None, seed: int = 0) -> list:
     """At most ``per_operator`` of each (file, operator), then at most ``max_mutants`` in all, drawn
     round-robin over the (file, operator) groups so every operator keeps its share; seeded, so the same
-    tree always gives the same mutants. Returned in run order (:func:`interleave_files`)."""
+    tree always gives the same mutants. None: no limit (with neither limit, every mutant). Returned in
+    run order (:func:`interleave_files`)."""
+    per_operator = len(mutants) if per_operator is None else per_operator
+    max_mutants = len(mutants) if max_mutants is None else max_mutants
     groups: dict[tuple[str, str], list] = {}
     for item in mutants:
         groups.setdefault((item[1].path, item[1].operator), []).append(item)
@@ -229,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--max-mutants", type=int, default=70)
-    parser.add_argument("--per-operator", type=int, default=5, help="at most this many per (file, operator)")
+    parser.add_argument("--max-mutants", type=int, default=None, help="sample at most this many (default: all)")
+    parser.add_argument(
+        "--per-operator", type=int, default=None, help="sample at most this many per (file, operator) (default: all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--only",

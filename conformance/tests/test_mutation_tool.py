@@ -139,6 +139,14 @@ def test_every_equivalent_entry_names_a_mutant_the_operators_make():
     assert not stale, f"equivalence entries that match no mutant of today's source: {stale}"
 
 
+def test_the_default_runs_every_mutant(capsys):
+    """No sampling unless asked: ``--list`` with the default options names every mutant the operators make."""
+    assert mutation_check.main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(listed) == sorted(m.mutant_id for _, m in mutation_check.all_mutants())
+    assert len(mutation_check.sample(mutation_check.all_mutants())) == len(listed)
+
+
 def test_sampling_is_deterministic_and_capped():
     found = mutation_check.all_mutants()
     a = mutation_check.sample(found, per_operator=3, max_mutants=40, seed=1)
