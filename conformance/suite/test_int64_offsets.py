@@ -283,3 +283,68 @@ def test_write_kv_tokens_past_2_31_elements(impl, huge_caches):
     for b in touched:
         checks.assert_bitwise_equal(k_cache[b], want_k[b], what=f"k_cache[{b}]", context="write_kv/tokens")
         checks.assert_bitwise_equal(v_cache[b], want_v[b], what=f"v_cache[{b}]", context="write_kv/tokens")
+
+
+def _token_strided(cache: torch.Tensor, num_tokens: int, row: int, first: int = 0) -> torch.Tensor:
+    """``num_tokens`` rows of ``row`` elements TOKEN_STRIDE apart over the huge cache's own storage,
+    starting ``first`` elements in: the third row starts past 2^31 elements (a view, nothing allocated)."""
+    assert first + (num_tokens - 1) * TOKEN_STRIDE + row <= cache.numel()
+    return cache.view(-1).as_strided((num_tokens, row), (TOKEN_STRIDE, 1), cache.storage_offset() + first)
+
+
+def _blocks_under(view_rows: list[int], row: int) -> set[int]:
+    """The cache blocks that rows starting at these element offsets (``row`` elements long) overlap."""
+    return {b for s in view_rows for b in range(s // ELEMENTS_PER_BLOCK, (s + row - 1) // ELEMENTS_PER_BLOCK + 1)}
+
+
+def test_prefill_query_tokens_past_2_31_elements(impl, huge_caches):
+    """Query and output tokens TOKEN_STRIDE elements apart, the third past 2^31 elements (views over the
+    caches' storage, away from the blocks the sequence reads): the query token index times the q/out
+    token stride must be formed in 64 bits, for the loads of q and the stores of out alike."""
+    k_cache, v_cache = huge_caches
+    gen = torch.Generator().manual_seed(38)
+    dev = k_cache.device
+    num_heads, q_len = 2 * NUM_KV_HEADS, 3
+    row = num_heads * HEAD_DIM
+    last = NUM_BLOCKS - 1
+    table = [last, 3, last - 2, 5]
+    starts = [t * TOKEN_STRIDE for t in range(q_len)]
+    out_starts = [s + row for s in starts]
+    assert starts[2] > 2**31 and not _blocks_under(starts + out_starts, row) & set(table)
+    for b in table:
+        k_cache[b] = _random_block(gen, dev)
+        v_cache[b] = _random_block(gen, dev)
+    q = _token_strided(k_cache, q_len, row).view(q_len, num_heads, HEAD_DIM)
+    q.copy_((torch.randn(q_len, num_heads, HEAD_DIM, generator=gen) * 4).to(DTYPE))  # peaky
+    out = _token_strided(k_cache, q_len, row, first=row).view(q_len, num_heads, HEAD_DIM)
+    out.fill_(float("nan"))
+    seq_len = 3 * BLOCK_SIZE + 5
+    tables = torch.tensor([table], dtype=torch.int32)
+    lens = torch.tensor([seq_len], dtype=torch.int32)
+    cu = torch.tensor([0, q_len], dtype=torch.int32)
+    ref = oracle.prefill(q.cpu(), k_cache, v_cache, tables, lens, cu)
+    got = impl.paged_prefill(q, k_cache, v_cache, tables.to(dev), lens.to(dev), cu.to(dev), out=out)
+    tol = TOLERANCES[DTYPE]
+    checks.check_tensor(got, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context="prefill/tokens")
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out=", context="prefill/tokens")
+
+
+def test_contiguous_decode_positions_past_2_31_elements(impl, huge_caches):
+    """One contiguous sequence whose positions are TOKEN_STRIDE elements apart, its third key and value
+    past 2^31 elements (views over the caches' storage): the position times the position stride must be
+    formed in 64 bits."""
+    gen = torch.Generator().manual_seed(39)
+    dev = huge_caches[0].device
+    max_len = 3
+    row = NUM_KV_HEADS * HEAD_DIM
+    k, v = (_token_strided(c, max_len, row).view(1, max_len, NUM_KV_HEADS, HEAD_DIM) for c in huge_caches)
+    assert (max_len - 1) * k.stride(1) > 2**31
+    for c in (k, v):
+        c.copy_(torch.randn(c.shape, generator=gen).to(DTYPE))
+    q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)  # peaky: every key matters
+    lens = torch.tensor([max_len], dtype=torch.int32)
+    ref = oracle.decode(q, k.cpu().contiguous(), v.cpu().contiguous(), torch.zeros(1, 1, dtype=torch.int32), lens)
+    out = impl.contiguous_decode(q.to(dev), k, v, lens.to(dev), out=torch.full_like(q, float("nan")).to(dev))
+    tol = TOLERANCES[DTYPE]
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
+                        context="contiguous/positions")
