@@ -15,12 +15,15 @@ Every mutant runs by default. Sampling is only on request: at most ``--per-opera
 operator), then at most ``--max-mutants`` in all (seeded). The unmutated copy must pass each file's tests
 first (its time sets the timeout).
 A mutant that survives and is listed in :data:`conformance.mutation_equivalents.EQUIVALENT` is reported
-as equivalent, with the reason.
+as equivalent, with the reason. A run with ``--only`` (a re-run of some mutants after a test was added)
+updates the report already in ``--out``: its rows replace those mutants' rows, the others are kept, and the
+report names the commit of each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import threading
 import time
@@ -228,6 +231,16 @@ def baselines(targets: list[Target], *, jobs: int, log=print) -> dict[str, RunRe
     return out
 
 
+def earlier_report(out: Path, mutant_ids: set[str]) -> dict | None:
+    """The record in ``out/mutation.json`` that a re-run with ``--only`` updates, without the rows of
+    mutants today's source no longer makes (None when there is none)."""
+    path = out / "mutation.json"
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    return {**rec, "mutants": [r for r in rec["mutants"] if r["id"] in mutant_ids]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
@@ -245,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only mutants whose file, operator or id contains this text (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --only: write a report of this run alone (default: update the report in --out, keeping the "
+        "rows of the mutants not re-run)",
+    )
     parser.add_argument("--list", action="store_true", help="list the sampled mutants and exit")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -268,12 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         "only": args.only,
     }
 
+    previous = None if args.fresh or not args.only else earlier_report(args.out, {m.mutant_id for _, m in found})
+
     def report(verdicts: list[Verdict], complete: bool) -> None:
         # rewritten after every mutant, so a run stopped early still leaves a valid report of what ran
-        files = [t.path for t in TARGETS]
         write_report(
             args.out,
-            sorted(verdicts, key=lambda v: (files.index(v.mutant.path), v.mutant.line, v.mutant.mutant_id)),
+            verdicts,
+            files=[t.path for t in TARGETS],
+            previous=previous,
             base=base,
             found=len(found),
             planned=len(chosen),
