@@ -348,3 +348,72 @@ def test_contiguous_decode_positions_past_2_31_elements(impl, huge_caches):
     tol = TOLERANCES[DTYPE]
     checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out",
                         context="contiguous/positions")
+
+
+INDEX_STRIDE = 2**30 + 1024  # in int32 elements: fits int32; twice it does not
+
+
+@pytest.fixture(scope="module")
+def huge_index(impl):
+    """A flat int32 tensor of 2 * INDEX_STRIDE + 2 elements (8 GiB, uninitialised) on the implementation's
+    device, for block tables and copy pairs whose rows or columns lie INDEX_STRIDE elements apart. On the
+    CPU it starts WRAP_GUARD_ELEMENTS into its allocation, as the caches do: an index times its stride
+    formed in 32 bits reads that reserved, never written guard instead of an unmapped address."""
+    guard = WRAP_GUARD_ELEMENTS if torch.device(impl.device).type == "cpu" else 0
+    size = 2 * INDEX_STRIDE + 2
+    try:
+        return torch.empty(guard + size, dtype=torch.int32, device=impl.device)[guard:]
+    except RuntimeError as e:  # pragma: no cover - a machine without the address space
+        pytest.skip(f"cannot reserve a {(guard + size) * 4 / 2**30:.1f} GiB index tensor: {e}")
+
+
+def _small_caches(gen: torch.Generator, device, num_blocks: int = 8):
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    return tuple(torch.randn(shape, generator=gen).to(DTYPE).to(device) for _ in range(2))
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_block_table_columns_past_2_31_elements(impl, huge_index, op):
+    """A block table whose columns are INDEX_STRIDE elements apart, its third entry past 2^31 elements
+    (a view over the huge index tensor): the logical block index times the column stride must be formed
+    in 64 bits (a wrapped one reads the guard's 0 and attends block 0 instead of block 5)."""
+    gen = torch.Generator().manual_seed(40)
+    dev = huge_index.device
+    k_cache, v_cache = _small_caches(gen, dev)
+    tables = huge_index.as_strided((1, 3), (1, INDEX_STRIDE), huge_index.storage_offset())
+    tables.copy_(torch.tensor([[3, 6, 5]], dtype=torch.int32))
+    assert 2 * tables.stride(1) > 2**31
+    lens = torch.tensor([2 * BLOCK_SIZE + 7], dtype=torch.int32)
+    cpu_tables = tables.cpu()
+    tol = TOLERANCES[DTYPE]
+    if op == "decode":
+        q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        ref = oracle.decode(q, k_cache.cpu(), v_cache.cpu(), cpu_tables, lens)
+        out = impl.paged_decode(q.to(dev), k_cache, v_cache, tables, lens.to(dev),
+                                out=torch.full_like(q, float("nan")).to(dev))
+    else:
+        q_len = BLOCK_SIZE + 3
+        q = (torch.randn(q_len, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        cu = torch.tensor([0, q_len], dtype=torch.int32)
+        ref = oracle.prefill(q, k_cache.cpu(), v_cache.cpu(), cpu_tables, lens, cu)
+        out = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables, lens.to(dev), cu.to(dev),
+                                 out=torch.full_like(q, float("nan")).to(dev))
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=f"{op}/table")
+
+
+def test_copy_pairs_past_2_31_elements(impl, huge_index):
+    """Copy pairs INDEX_STRIDE elements apart, the third pair past 2^31 elements (a view over the huge
+    index tensor): the pair index times the pair stride must be formed in 64 bits (a wrapped one reads
+    the guard's (0, 0) and leaves block 6 as it was)."""
+    gen = torch.Generator().manual_seed(41)
+    dev = huge_index.device
+    k_cache, v_cache = _small_caches(gen, dev)
+    pairs = huge_index.as_strided((3, 2), (INDEX_STRIDE, 1), huge_index.storage_offset())
+    pairs.copy_(torch.tensor([[1, 4], [2, 5], [3, 6]], dtype=torch.int32))
+    assert 2 * pairs.stride(0) > 2**31
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for src, dst in pairs.tolist():
+        want_k[dst], want_v[dst] = want_k[src].clone(), want_v[src].clone()
+    impl.copy_blocks(k_cache, v_cache, pairs)
+    checks.assert_bitwise_equal(k_cache, want_k, what="k_cache", context="copy_blocks/pairs")
+    checks.assert_bitwise_equal(v_cache, want_v, what="v_cache", context="copy_blocks/pairs")
