@@ -417,3 +417,47 @@ def test_copy_pairs_past_2_31_elements(impl, huge_index):
     impl.copy_blocks(k_cache, v_cache, pairs)
     checks.assert_bitwise_equal(k_cache, want_k, what="k_cache", context="copy_blocks/pairs")
     checks.assert_bitwise_equal(v_cache, want_v, what="v_cache", context="copy_blocks/pairs")
+
+
+OFFSET_STRIDE = 2**30 + 1024  # fits int32; twice it does not
+NUM_OFFSET_BLOCKS, OFFSET_BLOCK_SIZE = 8, 3
+
+
+def _offset_strided(cache: torch.Tensor) -> torch.Tensor:
+    """The start of a huge cache seen as NUM_OFFSET_BLOCKS blocks of OFFSET_BLOCK_SIZE slots whose slots
+    lie OFFSET_STRIDE elements apart (blocks interleaved, HEAD_DIM apart): each block's third slot starts
+    past 2^31 elements (a view, nothing allocated)."""
+    shape = (NUM_OFFSET_BLOCKS, OFFSET_BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    strides = (NUM_KV_HEADS * HEAD_DIM, OFFSET_STRIDE, HEAD_DIM, 1)
+    last = (NUM_OFFSET_BLOCKS - 1) * strides[0] + (OFFSET_BLOCK_SIZE - 1) * OFFSET_STRIDE + strides[0] - 1
+    assert NUM_OFFSET_BLOCKS * strides[0] <= OFFSET_STRIDE and last < cache.numel()
+    return cache.view(-1).as_strided(shape, strides, cache.storage_offset())
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_block_offsets_past_2_31_elements(impl, huge_caches, op):
+    """Caches whose slots within a block lie OFFSET_STRIDE elements apart: a slot's offset in its block
+    times that stride must be formed in 64 bits (a wrapped one reads the guard in place of every block's
+    third slot)."""
+    k_cache, v_cache = (_offset_strided(c) for c in huge_caches)
+    gen = torch.Generator().manual_seed(42)
+    dev = k_cache.device
+    for c in (k_cache, v_cache):
+        c.copy_(torch.randn(c.shape, generator=gen).to(DTYPE))
+    assert (OFFSET_BLOCK_SIZE - 1) * k_cache.stride(1) > 2**31
+    tables = torch.tensor([[5, 0, 7]], dtype=torch.int32)
+    lens = torch.tensor([3 * OFFSET_BLOCK_SIZE - 1], dtype=torch.int32)
+    tol = TOLERANCES[DTYPE]
+    if op == "decode":
+        q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        ref = oracle.decode(q, k_cache, v_cache, tables, lens)
+        out = impl.paged_decode(q.to(dev), k_cache, v_cache, tables.to(dev), lens.to(dev),
+                                out=torch.full_like(q, float("nan")).to(dev))
+    else:
+        q_len = 2 * OFFSET_BLOCK_SIZE
+        q = (torch.randn(q_len, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        cu = torch.tensor([0, q_len], dtype=torch.int32)
+        ref = oracle.prefill(q, k_cache, v_cache, tables, lens, cu)
+        out = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables.to(dev), lens.to(dev), cu.to(dev),
+                                 out=torch.full_like(q, float("nan")).to(dev))
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=f"{op}/offsets")
