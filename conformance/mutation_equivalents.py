@@ -18,6 +18,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the top-p branch then also runs for a batch whose rows all have top_p == 1, where `keep` is all "
         "true (`| (top_p >= 1.0)`): sorted_probs and their cumulative sum come out unchanged"
     ),
+    ("refengine/engine/scheduler.py", "_decodes", "compare_boundary", "return budget, skipped >= 0"): (
+        "the flag only lets schedule() skip the pass of _prefill_chunks when no running sequence it visited "
+        "has a prompt chunk left; with `>= 0` that pass always runs, and then finds no sequence with more "
+        "than one token to compute (or no budget), so it plans nothing: the same chunks, only slower"
+    ),
     ("kernels/attention_kernels.py", "_decode_partial_kernel", "drop_inf_guard", "m_safe = m_new"): (
         "decode visits only key tiles of [start, seq_len) (tile_hi = cdiv(num_keys, BLOCK_N)), so every "
         "visited tile holds a key of the sequence and every row's running max is finite there: the guard "

@@ -111,3 +111,32 @@ def test_update_refuses_tokens_for_sequences_that_did_not_sample():
     out = sched.schedule()  # seq 0's whole prompt samples; seq 1's first chunk does not
     with pytest.raises(RuntimeError, match="tokens for 2 sequences, of which 1 sampled"):
         sched.update(out, {0: 1, 1: 1})
+
+
+def test_decodes_stop_at_the_token_budget():
+    """Forked children make more sequences ready to decode than the budget holds: a step schedules
+    exactly the budget's worth, the rest wait for the next step."""
+    _, sched = make_scheduler(32, 4, max_num_batched_tokens=2)
+    parent = make_seq(0, 2, n=3)
+    parent.pending_children = [make_seq(10 + i, 2, n=3, request_id=0) for i in range(2)]
+    for i, child in enumerate(parent.pending_children):
+        child.child_index, child.token_ids = i + 1, list(parent.token_ids)
+    sched.add(parent)
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 2)] and [s.seq_id for s in sched.running] == [0, 10, 11]
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 2, 1), (10, 2, 1)] and out.num_batched_tokens == 2
+
+
+def test_a_prompt_finished_by_a_one_token_chunk_gets_no_extra_slot():
+    """A chunked prompt whose last chunk is one token is planned like a decode, but its token already
+    has room (allocated with the prompt): no slot is appended, so no block is taken early."""
+    bm, sched = make_scheduler(32, 4, max_num_batched_tokens=7)
+    sched.add(make_seq(0, 8))  # two full blocks
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 7)] and len(bm.block_table(0)) == 2
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 7, 1)] and out.copies == ()
+    assert len(bm.block_table(0)) == 2 and bm.num_used_blocks == 2 and sched.running[0].num_table_tokens == 8
+    out, _ = run_step(sched)  # the first sampled token needs the third block
+    assert plan(out) == [(0, 8, 1)] and len(bm.block_table(0)) == 3
