@@ -461,3 +461,33 @@ def test_block_offsets_past_2_31_elements(impl, huge_caches, op):
         out = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables.to(dev), lens.to(dev), cu.to(dev),
                                  out=torch.full_like(q, float("nan")).to(dev))
     checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=f"{op}/offsets")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("layout", ["sequences", "heads"])
+def test_decode_output_rows_past_2_31_elements(impl, huge_caches, layout, num_splits):
+    """``out=`` whose sequences (or query heads) lie TOKEN_STRIDE elements apart, the third past 2^31
+    elements (a view over a huge cache's storage): the sequence and head indices of the stores, in the
+    split kernel and in the reduction that merges two splits, must be formed in 64 bits."""
+    if not impl.capabilities.supports_num_splits:
+        pytest.skip(f"not supported: {impl.name} does not support num_splits")
+    gen = torch.Generator().manual_seed(43)
+    dev = huge_caches[0].device
+    num_blocks = 20  # 320 keys: two key tiles, so two splits
+    k_cache, v_cache = _small_caches(gen, dev, num_blocks)
+    num_seqs, num_heads = (3, 2) if layout == "sequences" else (1, 3)
+    strides = (TOKEN_STRIDE, HEAD_DIM, 1) if layout == "sequences" else (3 * HEAD_DIM, TOKEN_STRIDE, 1)
+    out = huge_caches[0].view(-1).as_strided((num_seqs, num_heads, HEAD_DIM), strides,
+                                             huge_caches[0].storage_offset())
+    assert 2 * TOKEN_STRIDE > 2**31
+    out.fill_(float("nan"))
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen) for _ in range(num_seqs)]).to(torch.int32)
+    lens = torch.tensor([300, 290, 310][:num_seqs], dtype=torch.int32)
+    q = (torch.randn(num_seqs, num_heads, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+    ref = oracle.decode(q, k_cache.cpu(), v_cache.cpu(), tables, lens)
+    got = impl.paged_decode(q.to(dev), k_cache, v_cache, tables.to(dev), lens.to(dev), num_splits=num_splits,
+                            out=out)
+    tol = TOLERANCES[DTYPE]
+    context = f"decode/out-{layout},splits={num_splits}"
+    checks.check_tensor(got, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=context)
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out=", context=context)
