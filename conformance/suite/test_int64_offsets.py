@@ -355,12 +355,12 @@ INDEX_STRIDE = 2**30 + 1024  # in int32 elements: fits int32; twice it does not
 
 @pytest.fixture(scope="module")
 def huge_index(impl):
-    """A flat int32 tensor of 2 * INDEX_STRIDE + 2 elements (8 GiB, uninitialised) on the implementation's
+    """A flat int32 tensor of 2 * INDEX_STRIDE + 4 elements (8 GiB, uninitialised) on the implementation's
     device, for block tables and copy pairs whose rows or columns lie INDEX_STRIDE elements apart. On the
     CPU it starts WRAP_GUARD_ELEMENTS into its allocation, as the caches do: an index times its stride
     formed in 32 bits reads that reserved, never written guard instead of an unmapped address."""
     guard = WRAP_GUARD_ELEMENTS if torch.device(impl.device).type == "cpu" else 0
-    size = 2 * INDEX_STRIDE + 2
+    size = 2 * INDEX_STRIDE + 4
     try:
         return torch.empty(guard + size, dtype=torch.int32, device=impl.device)[guard:]
     except RuntimeError as e:  # pragma: no cover - a machine without the address space
@@ -373,32 +373,38 @@ def _small_caches(gen: torch.Generator, device, num_blocks: int = 8):
 
 
 @pytest.mark.parametrize("op", ["decode", "prefill"])
-def test_block_table_columns_past_2_31_elements(impl, huge_index, op):
-    """A block table whose columns are INDEX_STRIDE elements apart, its third entry past 2^31 elements
-    (a view over the huge index tensor): the logical block index times the column stride must be formed
-    in 64 bits (a wrapped one reads the guard's 0 and attends block 0 instead of block 5)."""
+@pytest.mark.parametrize("layout", ["columns", "rows"])
+def test_block_tables_past_2_31_elements(impl, huge_index, layout, op):
+    """Block tables whose columns (or rows) are INDEX_STRIDE elements apart, the third past 2^31 elements
+    (a view over the huge index tensor): the logical block index times the column stride, and the
+    sequence index times the row stride, must be formed in 64 bits (a wrapped one reads the guard's 0
+    and attends block 0 instead)."""
     gen = torch.Generator().manual_seed(40)
     dev = huge_index.device
     k_cache, v_cache = _small_caches(gen, dev)
-    tables = huge_index.as_strided((1, 3), (1, INDEX_STRIDE), huge_index.storage_offset())
-    tables.copy_(torch.tensor([[3, 6, 5]], dtype=torch.int32))
-    assert 2 * tables.stride(1) > 2**31
-    lens = torch.tensor([2 * BLOCK_SIZE + 7], dtype=torch.int32)
+    ids = torch.tensor([[3, 6, 5]]) if layout == "columns" else torch.tensor([[3, 6, 5], [1, 4, 2], [7, 5, 6]])
+    strides = (1, INDEX_STRIDE) if layout == "columns" else (INDEX_STRIDE, 1)
+    tables = huge_index.as_strided(ids.shape, strides, huge_index.storage_offset())
+    tables.copy_(ids.to(torch.int32))
+    assert 2 * INDEX_STRIDE > 2**31
+    num_seqs = ids.shape[0]
+    lens = torch.tensor([2 * BLOCK_SIZE + 7, 3 * BLOCK_SIZE, 2 * BLOCK_SIZE + 1][:num_seqs], dtype=torch.int32)
     cpu_tables = tables.cpu()
     tol = TOLERANCES[DTYPE]
     if op == "decode":
-        q = (torch.randn(1, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        q = (torch.randn(num_seqs, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
         ref = oracle.decode(q, k_cache.cpu(), v_cache.cpu(), cpu_tables, lens)
         out = impl.paged_decode(q.to(dev), k_cache, v_cache, tables, lens.to(dev),
                                 out=torch.full_like(q, float("nan")).to(dev))
     else:
         q_len = BLOCK_SIZE + 3
-        q = (torch.randn(q_len, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
-        cu = torch.tensor([0, q_len], dtype=torch.int32)
+        q = (torch.randn(num_seqs * q_len, 2, HEAD_DIM, generator=gen) * 4).to(DTYPE)
+        cu = torch.arange(num_seqs + 1, dtype=torch.int32) * q_len
         ref = oracle.prefill(q, k_cache.cpu(), v_cache.cpu(), cpu_tables, lens, cu)
         out = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables, lens.to(dev), cu.to(dev),
                                  out=torch.full_like(q, float("nan")).to(dev))
-    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=f"{op}/table")
+    context = f"{op}/table-{layout}"
+    checks.check_tensor(out, ref.out, DTYPE, rel=tol.rel, max_abs=tol.max_abs, what="out", context=context)
 
 
 def test_copy_pairs_past_2_31_elements(impl, huge_index):
