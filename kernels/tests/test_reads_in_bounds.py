@@ -70,3 +70,18 @@ def test_copy_blocks_reads_nothing_past_the_last_block():
     want_k[0], want_v[0] = want_k[2].clone(), want_v[2].clone()
     kernels.copy_blocks(k.tensor, v.tensor, torch.tensor([[2, 0]]))
     assert torch.equal(k.tensor, want_k) and torch.equal(v.tensor, want_v)
+
+
+def test_write_kv_reads_no_slot_past_the_slot_mapping():
+    """Three tokens (a token tile holds more): the slot loads must stay masked to the mapping's entries."""
+    gen = torch.Generator().manual_seed(2)
+    shape = (4, 4, 1, 8)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    slots = _Guarded((3,), torch.int64)
+    slots.tensor.copy_(torch.tensor([5, 0, 14]))
+    k, v = torch.randn(3, 1, 8, generator=gen), torch.randn(3, 1, 8, generator=gen)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for t, s in enumerate(slots.tensor.tolist()):
+        want_k[s // 4, s % 4], want_v[s // 4, s % 4] = k[t], v[t]
+    kernels.write_kv(k, v, k_cache, v_cache, slots.tensor)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
