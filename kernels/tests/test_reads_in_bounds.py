@@ -2,13 +2,19 @@
 byte ends a page followed by an inaccessible one faults (SIGSEGV) on any read beyond it. A masked load
 that loses its mask reads padding lanes there, which no value check can see (the lanes are discarded).
 
+Each kernel call runs in a forked child (:func:`_in_child`), so such a read fails the test with an
+assertion naming the signal, instead of killing the test process; the values are checked in the parent.
+
 Linux, host memory: the interpreter's loads dereference host pointers.
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 import mmap
+import os
+import signal
 import sys
 
 import pytest
@@ -37,6 +43,33 @@ class _Guarded:
         self.tensor = self.tensor.view(shape)
 
 
+def _in_child(call):
+    """``call()`` in a forked child, its result (tensors) sent back through a pipe: a read past a guarded
+    end kills the child, not this process, and is reported as a failed check."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        code = 0
+        try:
+            buf = io.BytesIO()
+            torch.save(call(), buf)
+            with os.fdopen(write_end, "wb") as f:
+                f.write(buf.getvalue())
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        raise AssertionError(f"the call read past the end of a guarded input: it died on "
+                             f"{signal.Signals(os.WTERMSIG(status)).name}")
+    assert os.WEXITSTATUS(status) == 0, "the call raised in the child (run it in-process to see why)"
+    return torch.load(io.BytesIO(data))
+
+
 def test_attention_reads_no_block_table_entry_past_the_table():
     """One sequence filling its whole 3-entry table (48 keys): a key tile is a power of two (64 keys, or
     more), so it runs past the table, and the table loads must stay masked to the sequence's entries."""
@@ -50,11 +83,12 @@ def test_attention_reads_no_block_table_entry_past_the_table():
     lens = torch.tensor([3 * bs], dtype=torch.int32)
     q = torch.randn(1, hq, d, generator=gen)
     ref = oracle.decode(q, k, v, table.clone(), lens)
-    torch.testing.assert_close(kernels.paged_decode(q, k, v, table, lens).double(), ref.out, rtol=1e-5, atol=1e-5)
+    out = _in_child(lambda: kernels.paged_decode(q, k, v, table, lens))
+    torch.testing.assert_close(out.double(), ref.out, rtol=1e-5, atol=1e-5)
     qp = torch.randn(5, hq, d, generator=gen)
     cu = torch.tensor([0, 5], dtype=torch.int32)
     ref = oracle.prefill(qp, k, v, table.clone(), lens, cu)
-    out = kernels.paged_prefill(qp, k, v, table, lens, cu)
+    out = _in_child(lambda: kernels.paged_prefill(qp, k, v, table, lens, cu))
     torch.testing.assert_close(out.double(), ref.out, rtol=1e-5, atol=1e-5)
 
 
@@ -68,8 +102,12 @@ def test_copy_blocks_reads_nothing_past_the_last_block():
     v.tensor.copy_(torch.randn(shape, generator=gen))
     want_k, want_v = k.tensor.clone(), v.tensor.clone()
     want_k[0], want_v[0] = want_k[2].clone(), want_v[2].clone()
-    kernels.copy_blocks(k.tensor, v.tensor, torch.tensor([[2, 0]]))
-    assert torch.equal(k.tensor, want_k) and torch.equal(v.tensor, want_v)
+    def copy():
+        kernels.copy_blocks(k.tensor, v.tensor, torch.tensor([[2, 0]]))
+        return k.tensor.clone(), v.tensor.clone()
+
+    got_k, got_v = _in_child(copy)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
 def test_write_kv_reads_no_slot_past_the_slot_mapping():
@@ -83,5 +121,9 @@ def test_write_kv_reads_no_slot_past_the_slot_mapping():
     want_k, want_v = k_cache.clone(), v_cache.clone()
     for t, s in enumerate(slots.tensor.tolist()):
         want_k[s // 4, s % 4], want_v[s // 4, s % 4] = k[t], v[t]
-    kernels.write_kv(k, v, k_cache, v_cache, slots.tensor)
-    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    def write():
+        kernels.write_kv(k, v, k_cache, v_cache, slots.tensor)
+        return k_cache, v_cache
+
+    got_k, got_v = _in_child(write)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
