@@ -91,6 +91,30 @@ def test_one_split_runs_no_reduction(reduce_launches, heuristic_picks, heuristic
     assert reduce_launches == []
 
 
+class _PaddedPartials:
+    """Stands in for ``_decode_reduce_kernel``: hands it the partial outputs as a view into a NaN-filled
+    buffer with one spare split and spare dims, so a read of a split lane past ``num_splits`` (a power-of-
+    two tile of 3 splits has a fourth lane) meets NaN, which a zero weight does not cancel."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(part_out, part_lse, out, lse, num_splits, head_dim, *strides, **kwargs):
+            s, h, n, d = part_out.shape
+            padded = torch.full((s, h, n + 1, d + 8), float("nan"), dtype=part_out.dtype)[:, :, :n, :d]
+            padded.copy_(part_out)
+            return self.kernel[grid](padded, part_lse, out, lse, num_splits, head_dim, *padded.stride(),
+                                     *strides[4:], **kwargs)
+        return launch
+
+
+def test_the_reduction_reads_only_its_splits(monkeypatch):
+    monkeypatch.setattr(attention, "_decode_reduce_kernel", _PaddedPartials(attention._decode_reduce_kernel))
+    x = _long_sequence()
+    _check_exact(x, _decode(x, num_splits=3))
+
+
 def test_the_heuristic_splits_few_long_sequences():
     assert attention.choose_num_splits(1, 1, 4096, num_sms=132) > 1
     assert attention.choose_num_splits(2, 8, 32768, num_sms=132) == attention.MAX_SPLITS
