@@ -157,7 +157,7 @@ def markdown(rec: dict) -> str:
         if m["outcome"] in ("crashed", "timeout", "error"):
             by += f" ({m['detail'][:80]})" if m["detail"] else ""
         if m.get("commit") and m["commit"] != first_commit:
-            by += f" [re-run at {m['commit'][:10]}]"
+            by += f" *re-run* at `{m['commit'][:10]}`"
         lines.append(
             f"| {m['operator']} | {m['path']}:{m['line']} `{m['function']}` | {_code(m['original'], 50)} → "
             f"{_code(m['mutated'], 50)} | {outcome} | {by.replace('|', '/')} |"
@@ -182,7 +182,8 @@ def _runs_lines(rec: dict) -> list[str]:
     lines = [f"Made in {len(runs)} runs (each mutant's row is from the last run that ran it):", ""]
     for r in runs:
         only = r["options"].get("only") or []
-        what = f"`--only {' '.join(only)}`" if only else "every planned mutant"
+        what = ("every planned mutant" if not only else f"`--only {' '.join(only)}`" if len(only) <= 3
+                else f"{len(only)} `--only` ids, marked *re-run* below")
         lines.append(
             f"- commit `{r['commit'][:10]}`, {r['created_utc']}: {r['mutants_run']} mutants ({what}) in "
             f"{r['seconds'] / 60:.1f} min{'' if r['complete'] else ', stopped early'}"

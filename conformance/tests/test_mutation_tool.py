@@ -270,6 +270,6 @@ def test_a_rerun_with_only_updates_its_rows_and_keeps_the_others(tmp_path):
     assert rec["score"]["survived"] == 1 and rec["score"]["killed"] == 1 and rec["complete"]
     assert [r["commit"] for r in rec["runs"]] == ["a" * 40, "b" * 40] and rec["seconds"] == 660.0
     text = (tmp_path / "mutation.md").read_text()
-    assert "Made in 2 runs" in text and "`--only g`" in text and f"[re-run at {'b' * 10}]" in text
+    assert "Made in 2 runs" in text and "`--only g`" in text and f"*re-run* at `{'b' * 10}`" in text
     assert earlier_report(tmp_path, {first.mutant_id})["mutants"][0]["id"] == first.mutant_id  # stale rows go
     assert len(earlier_report(tmp_path, {first.mutant_id})["mutants"]) == 1
