@@ -63,10 +63,12 @@ TARGETS = (
     Target(
         "kernels/attention_kernels.py",
         KERNEL_OPS,
-        (  # the fast files first: most mutants die there, before the large modules are collected
+        (  # the fast files first: most mutants die there, before the large modules are collected; the
+            # guarded-memory checks before the rest, so an access out of bounds fails an assertion there
+            # rather than crashing a test that does not guard its tensors
+            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_int64_offsets.py",
             "kernels/tests/test_extreme_values.py",
-            "kernels/tests/test_reads_in_bounds.py",
             "kernels/tests/test_prefill_window_tiles.py",
             f"{SUITE}/test_decode.py",
             f"{SUITE}/test_prefill.py",
@@ -78,22 +80,32 @@ TARGETS = (
         "kernels/cache_kernels.py",
         KERNEL_OPS,
         (
+            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_cache_ops.py",
             f"{SUITE}/test_int64_offsets.py",
             "kernels/tests/test_cache_tiles.py",
-            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_copy_on_write_data.py",
         ),
     ),
     Target(
         "kernels/attention.py",
         ("launch_arg_plus_one", "grid_minus_one"),
-        (f"{SUITE}/test_decode.py", f"{SUITE}/test_prefill.py", "kernels/tests/test_decode_plan.py"),
+        (
+            "kernels/tests/test_reads_in_bounds.py",
+            f"{SUITE}/test_decode.py",
+            f"{SUITE}/test_prefill.py",
+            "kernels/tests/test_decode_plan.py",
+        ),
     ),
     Target(
         "kernels/cache_ops.py",
         ("launch_arg_plus_one", "grid_minus_one"),
-        (f"{SUITE}/test_cache_ops.py", "kernels/tests/test_cache_tiles.py", f"{SUITE}/test_copy_on_write_data.py"),
+        (
+            "kernels/tests/test_reads_in_bounds.py",
+            f"{SUITE}/test_cache_ops.py",
+            "kernels/tests/test_cache_tiles.py",
+            f"{SUITE}/test_copy_on_write_data.py",
+        ),
     ),
     Target(
         "refengine/kv/block_manager.py",
