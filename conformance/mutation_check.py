@@ -2,8 +2,8 @@
 manager, scheduler and sampler, each run against the tests that cover its file, reported in
 ``results/mutation.md`` and ``results/mutation.json``.
 
-``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants 70] [--seed 0] [--only TEXT]
-[--out results]``
+``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants N] [--per-operator N] [--seed 0]
+[--only TEXT] [--out results]``
 
 Why not a general tool: mutmut 3 skips every decorated function (so no ``@triton.jit`` kernel is
 mutated) and imports the package from its own copy, which our ``pagedbench.*`` folder mapping defeats;
@@ -11,15 +11,19 @@ cosmic-ray rewrites the working tree in place with generic operators. So the ope
 (:mod:`conformance.mutation_operators`: exact-span text rewrites, kernels stay valid source) and so is the
 runner (:mod:`conformance.mutation_runner`: one private copy of the tree per worker, a timeout per run).
 
-Each file's mutants are sampled per operator (seeded, ``--per-operator`` each) and then overall
-(``--max-mutants``); the unmutated copy must pass each file's tests first (its time sets the timeout).
+Every mutant runs by default. Sampling is only on request: at most ``--per-operator`` of each (file,
+operator), then at most ``--max-mutants`` in all (seeded). The unmutated copy must pass each file's tests
+first (its time sets the timeout).
 A mutant that survives and is listed in :data:`conformance.mutation_equivalents.EQUIVALENT` is reported
-as equivalent, with the reason.
+as equivalent, with the reason. A run with ``--only`` (a re-run of some mutants after a test was added)
+updates the report already in ``--out``: its rows replace those mutants' rows, the others are kept, and the
+report names the commit of each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import threading
 import time
@@ -59,10 +63,12 @@ TARGETS = (
     Target(
         "kernels/attention_kernels.py",
         KERNEL_OPS,
-        (  # the fast files first: most mutants die there, before the large modules are collected
+        (  # the fast files first: most mutants die there, before the large modules are collected; the
+            # guarded-memory checks before the rest, so an access out of bounds fails an assertion there
+            # rather than crashing a test that does not guard its tensors
+            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_int64_offsets.py",
             "kernels/tests/test_extreme_values.py",
-            "kernels/tests/test_reads_in_bounds.py",
             "kernels/tests/test_prefill_window_tiles.py",
             f"{SUITE}/test_decode.py",
             f"{SUITE}/test_prefill.py",
@@ -74,22 +80,32 @@ TARGETS = (
         "kernels/cache_kernels.py",
         KERNEL_OPS,
         (
+            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_cache_ops.py",
             f"{SUITE}/test_int64_offsets.py",
             "kernels/tests/test_cache_tiles.py",
-            "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_copy_on_write_data.py",
         ),
     ),
     Target(
         "kernels/attention.py",
         ("launch_arg_plus_one", "grid_minus_one"),
-        (f"{SUITE}/test_decode.py", f"{SUITE}/test_prefill.py", "kernels/tests/test_decode_plan.py"),
+        (
+            "kernels/tests/test_reads_in_bounds.py",
+            f"{SUITE}/test_decode.py",
+            f"{SUITE}/test_prefill.py",
+            "kernels/tests/test_decode_plan.py",
+        ),
     ),
     Target(
         "kernels/cache_ops.py",
         ("launch_arg_plus_one", "grid_minus_one"),
-        (f"{SUITE}/test_cache_ops.py", "kernels/tests/test_cache_tiles.py", f"{SUITE}/test_copy_on_write_data.py"),
+        (
+            "kernels/tests/test_reads_in_bounds.py",
+            f"{SUITE}/test_cache_ops.py",
+            "kernels/tests/test_cache_tiles.py",
+            f"{SUITE}/test_copy_on_write_data.py",
+        ),
     ),
     Target(
         "refengine/kv/block_manager.py",
@@ -124,10 +140,13 @@ def all_mutants(root: Path = REPO_ROOT) -> list[tuple[Target, ops.Mutant]]:
     return found
 
 
-def sample(mutants: list, *, per_operator: int, max_mutants: int, seed: int) -> list:
+def sample(mutants: list, *, per_operator: int | None = None, max_mutants: int | None = None, seed: int = 0) -> list:
     """At most ``per_operator`` of each (file, operator), then at most ``max_mutants`` in all, drawn
     round-robin over the (file, operator) groups so every operator keeps its share; seeded, so the same
-    tree always gives the same mutants. Returned in run order (:func:`interleave_files`)."""
+    tree always gives the same mutants. None: no limit (with neither limit, every mutant). Returned in
+    run order (:func:`interleave_files`)."""
+    per_operator = len(mutants) if per_operator is None else per_operator
+    max_mutants = len(mutants) if max_mutants is None else max_mutants
     groups: dict[tuple[str, str], list] = {}
     for item in mutants:
         groups.setdefault((item[1].path, item[1].operator), []).append(item)
@@ -224,13 +243,25 @@ def baselines(targets: list[Target], *, jobs: int, log=print) -> dict[str, RunRe
     return out
 
 
+def earlier_report(out: Path, mutant_ids: set[str]) -> dict | None:
+    """The record in ``out/mutation.json`` that a re-run with ``--only`` updates, without the rows of
+    mutants today's source no longer makes (None when there is none)."""
+    path = out / "mutation.json"
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text(encoding="utf-8"))
+    return {**rec, "mutants": [r for r in rec["mutants"] if r["id"] in mutant_ids]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--max-mutants", type=int, default=70)
-    parser.add_argument("--per-operator", type=int, default=5, help="at most this many per (file, operator)")
+    parser.add_argument("--max-mutants", type=int, default=None, help="sample at most this many (default: all)")
+    parser.add_argument(
+        "--per-operator", type=int, default=None, help="sample at most this many per (file, operator) (default: all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--only",
@@ -239,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only mutants whose file, operator or id contains this text (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="with --only: write a report of this run alone (default: update the report in --out, keeping the "
+        "rows of the mutants not re-run)",
+    )
     parser.add_argument("--list", action="store_true", help="list the sampled mutants and exit")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -262,12 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         "only": args.only,
     }
 
+    previous = None if args.fresh or not args.only else earlier_report(args.out, {m.mutant_id for _, m in found})
+
     def report(verdicts: list[Verdict], complete: bool) -> None:
         # rewritten after every mutant, so a run stopped early still leaves a valid report of what ran
-        files = [t.path for t in TARGETS]
         write_report(
             args.out,
-            sorted(verdicts, key=lambda v: (files.index(v.mutant.path), v.mutant.line, v.mutant.mutant_id)),
+            verdicts,
+            files=[t.path for t in TARGETS],
+            previous=previous,
             base=base,
             found=len(found),
             planned=len(chosen),

@@ -18,6 +18,40 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "the top-p branch then also runs for a batch whose rows all have top_p == 1, where `keep` is all "
         "true (`| (top_p >= 1.0)`): sorted_probs and their cumulative sum come out unchanged"
     ),
+    ("refengine/engine/scheduler.py", "_decodes", "compare_boundary", "return budget, skipped >= 0"): (
+        "the flag only lets schedule() skip the pass of _prefill_chunks when no running sequence it visited "
+        "has a prompt chunk left; with `>= 0` that pass always runs, and then finds no sequence with more "
+        "than one token to compute (or no budget), so it plans nothing: the same chunks, only slower"
+    ),
+    (
+        "refengine/engine/scheduler.py",
+        "update",
+        "compare_boundary",
+        "if publish and (chunk.num_tokens >= 1 or end % bs == 0):",
+    ): (
+        "every chunk has at least one token, so publish_blocks now runs after every chunk; a one-token chunk "
+        "that does not end on a block boundary completes no block (every block below end // block_size was "
+        "full, and published, when the chunk that filled it ran), so the call publishes nothing and only "
+        "raises num_computed to the value it already has"
+    ),
+    (
+        "refengine/engine/scheduler.py",
+        "update",
+        "compare_boundary",
+        "if (n - seq.num_prompt_tokens < p.max_tokens and n < max_len and token not in p.stop_token_ids",
+    ): (
+        "the inline test is only a fast path: when it fails the sequence goes to _finish, whose "
+        "_finish_reason checks `n > max_model_len` itself, so a sequence of exactly max_model_len tokens "
+        "is not finished either way"
+    ),
+    (
+        "refengine/kv/block_manager.py",
+        "publish_blocks",
+        "compare_boundary",
+        "if num_tokens >= seq.num_computed:",
+    ): (
+        "with num_tokens == num_computed the assignment stores the value num_computed already holds"
+    ),
     ("kernels/attention_kernels.py", "_decode_partial_kernel", "drop_inf_guard", "m_safe = m_new"): (
         "decode visits only key tiles of [start, seq_len) (tile_hi = cdiv(num_keys, BLOCK_N)), so every "
         "visited tile holds a key of the sequence and every row's running max is finite there: the guard "

@@ -117,6 +117,27 @@ def test_decode_every_split_count_agrees(impl, case):
         checks.check_case_tensor(out, base, case, what=f"splits={n}_vs_1")
 
 
+PADDED_OUT_CASE = vary(CONTROL, head_dim=24, seq_lens=(300, 33))  # head_dim short of its power of two
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_decode_writes_nothing_outside_out(impl, num_splits):
+    """``out=`` a view into a larger buffer, each row padded past head_dim and a spare row after it: the
+    padding and the spare row keep their sentinel, with one split and through the split reduction."""
+    case = PADDED_OUT_CASE
+    x = builders.build(case, impl.device)
+    num_seqs, num_heads, head_dim = x.q.shape
+    sentinel = 7.0
+    buffer = torch.full((num_seqs + 1, num_heads, head_dim + 8), sentinel, dtype=x.q.dtype, device=x.q.device)
+    out = buffer[:num_seqs, :, :head_dim]
+    out.fill_(math.nan)
+    got = builders.call(impl, case, x, out=out, num_splits=num_splits)
+    checks.check_case_tensor(got, builders.expected(case, x).out, case, what="out")
+    want = torch.full_like(buffer, sentinel)
+    want[:num_seqs, :, :head_dim] = out
+    checks.assert_bitwise_equal(buffer, want, what="buffer around out", context=f"{case.id},splits={num_splits}")
+
+
 CONTIGUOUS = [(16, (97, 1, 33), "fp16"), (8, (1, 8, 9), "fp32"), (40, (40, 3), "bf16")]
 CONTIGUOUS_IDS = [f"contiguous/max={m},ctx={'+'.join(map(str, s))},{d}" for m, s, d in CONTIGUOUS]
 

@@ -139,6 +139,17 @@ def test_every_equivalent_entry_names_a_mutant_the_operators_make():
     assert not stale, f"equivalence entries that match no mutant of today's source: {stale}"
 
 
+def test_the_default_runs_every_mutant(capsys, monkeypatch):
+    """No sampling unless asked: ``--list`` with the default options names every mutant the operators make."""
+    found = mutation_check.all_mutants()
+    monkeypatch.setattr(mutation_check, "all_mutants", lambda: found)
+    monkeypatch.setattr(mutation_check, "host_environment", dict)  # no git calls: nothing is written
+    assert mutation_check.main(["--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(listed) == sorted(m.mutant_id for _, m in found)
+    assert len(mutation_check.sample(found)) == len(listed)
+
+
 def test_sampling_is_deterministic_and_capped():
     found = mutation_check.all_mutants()
     a = mutation_check.sample(found, per_operator=3, max_mutants=40, seed=1)
@@ -231,3 +242,34 @@ def test_the_report_renders_every_outcome_and_the_equivalence_reason(tmp_path):
     assert "**Score: 4 of 6 killed**" in text and "Partial: the run was stopped after 6 of its 8 mutants" in text
     assert "no caller can tell" in text and "SURVIVED" in text and "`a <= b` → `a < b`" in text
     assert json.loads((tmp_path / "mutation.json").read_text())["mutants"][5]["equivalent"] == "no caller can tell"
+
+
+def test_a_rerun_with_only_updates_its_rows_and_keeps_the_others(tmp_path):
+    from pagedbench.conformance.gate_environment import host_environment
+    from pagedbench.conformance.mutation_check import Target, Verdict, earlier_report
+    from pagedbench.conformance.mutation_report import write_report
+    from pagedbench.conformance.mutation_runner import RunResult
+
+    target = Target("m.py", ("compare_boundary",), ("t.py",))
+    first, second = one("def f(a, b):\n    return a <= b\n\n\ndef g(a, b):\n    return a >= b\n", "compare_boundary")
+    base = {"m.py": RunResult("survived", "", "", 2.0, 0)}
+    env = host_environment()
+    full_env = {**env, "git": {"commit": "a" * 40, "dirty": False}}
+    rerun_env = {**env, "git": {"commit": "b" * 40, "dirty": False}}
+    survived = RunResult("survived", "", "", 1.0, 0)
+    write_report(tmp_path, [Verdict(target, m, survived, None) for m in (first, second)], base=base, found=2,
+                 seconds=600.0, options={"only": []}, environment=full_env)
+    previous = earlier_report(tmp_path, {first.mutant_id, second.mutant_id})
+    killed = RunResult("killed", "t.py::test_g", "AssertionError", 1.0, 1)
+    rec = write_report(tmp_path, [Verdict(target, second, killed, None)], base=base, found=2, seconds=60.0,
+                       options={"only": ["g"]}, environment=rerun_env, previous=previous, files=["m.py"])
+    assert [(r["id"], r["outcome"], r["commit"]) for r in rec["mutants"]] == [
+        (first.mutant_id, "survived", "a" * 40),
+        (second.mutant_id, "killed", "b" * 40),
+    ]
+    assert rec["score"]["survived"] == 1 and rec["score"]["killed"] == 1 and rec["complete"]
+    assert [r["commit"] for r in rec["runs"]] == ["a" * 40, "b" * 40] and rec["seconds"] == 660.0
+    text = (tmp_path / "mutation.md").read_text()
+    assert "Made in 2 runs" in text and "`--only g`" in text and f"*re-run* at `{'b' * 10}`" in text
+    assert earlier_report(tmp_path, {first.mutant_id})["mutants"][0]["id"] == first.mutant_id  # stale rows go
+    assert len(earlier_report(tmp_path, {first.mutant_id})["mutants"]) == 1

@@ -2,8 +2,9 @@
 head), whose partial LSEs the reduction merges; the heuristic splits few long sequences; and the
 default ``scale`` (``1/sqrt(head_dim)``) is the one the oracle assumes.
 
-The reduction kernel is wrapped to record its partial buffers: a launcher that ignored the forced split
-count (or never split) would launch no reduction, or one over fewer partials.
+The reduction kernel is wrapped to record its partial buffers, and the heuristic is made to pick another
+count than the forced one: a launcher that ignored the forced split count (or never split) would launch
+no reduction, or one over another number of partials.
 """
 
 from __future__ import annotations
@@ -59,8 +60,20 @@ def _check_exact(x, out):
     torch.testing.assert_close(out.double(), ref.out, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("num_splits", [2, 3])
-def test_a_forced_split_count_runs_that_many_partials(reduce_launches, num_splits):
+@pytest.fixture
+def heuristic_picks(monkeypatch):
+    """Makes the split heuristic pick a given count, so a forced count it would not pick shows whether the
+    launcher honoured it (left alone, the heuristic picks 2 for this sequence under the interpreter)."""
+
+    def pick(count: int) -> None:
+        monkeypatch.setattr(attention, "choose_num_splits", lambda *args, **kwargs: count)
+
+    return pick
+
+
+@pytest.mark.parametrize("num_splits, heuristic", [(2, 1), (2, 3), (3, 1), (3, 2)])
+def test_a_forced_split_count_runs_that_many_partials(reduce_launches, heuristic_picks, num_splits, heuristic):
+    heuristic_picks(heuristic)
     x = _long_sequence()
     out = _decode(x, num_splits=num_splits)
     assert len(reduce_launches) == 1, "the forced split count was ignored: no reduction ran"
@@ -70,10 +83,36 @@ def test_a_forced_split_count_runs_that_many_partials(reduce_launches, num_split
     _check_exact(x, out)
 
 
-def test_one_split_runs_no_reduction(reduce_launches):
+@pytest.mark.parametrize("heuristic", [2, 3])
+def test_one_split_runs_no_reduction(reduce_launches, heuristic_picks, heuristic):
+    heuristic_picks(heuristic)
     x = _long_sequence()
     _check_exact(x, _decode(x, num_splits=1))
     assert reduce_launches == []
+
+
+class _PaddedPartials:
+    """Stands in for ``_decode_reduce_kernel``: hands it the partial outputs as a view into a NaN-filled
+    buffer with one spare split and spare dims, so a read of a split lane past ``num_splits`` (a power-of-
+    two tile of 3 splits has a fourth lane) meets NaN, which a zero weight does not cancel."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(part_out, part_lse, out, lse, num_splits, head_dim, *strides, **kwargs):
+            s, h, n, d = part_out.shape
+            padded = torch.full((s, h, n + 1, d + 8), float("nan"), dtype=part_out.dtype)[:, :, :n, :d]
+            padded.copy_(part_out)
+            return self.kernel[grid](padded, part_lse, out, lse, num_splits, head_dim, *padded.stride(),
+                                     *strides[4:], **kwargs)
+        return launch
+
+
+def test_the_reduction_reads_only_its_splits(monkeypatch):
+    monkeypatch.setattr(attention, "_decode_reduce_kernel", _PaddedPartials(attention._decode_reduce_kernel))
+    x = _long_sequence()
+    _check_exact(x, _decode(x, num_splits=3))
 
 
 def test_the_heuristic_splits_few_long_sequences():

@@ -149,3 +149,50 @@ def test_scheduler_admits_a_request_whole_or_not_at_all():
     out, _ = run_step(sched)
     assert plan(out) == [(0, 0, 2)] and bm.num_free_blocks == 5  # 2 of 3 would fit: the group waits whole
     assert [s.seq_id for s in sched.waiting] == [1, 2, 3]
+
+
+def test_decodes_stop_at_the_token_budget():
+    """Forked children make more sequences ready to decode than the budget holds: a step schedules
+    exactly the budget's worth, the rest wait for the next step."""
+    _, sched = make_scheduler(32, 4, max_num_batched_tokens=2)
+    parent = make_seq(0, 2, n=3)
+    parent.pending_children = [make_seq(10 + i, 2, n=3, request_id=0) for i in range(2)]
+    for i, child in enumerate(parent.pending_children):
+        child.child_index, child.token_ids = i + 1, list(parent.token_ids)
+    sched.add(parent)
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 2)] and [s.seq_id for s in sched.running] == [0, 10, 11]
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 2, 1), (10, 2, 1)] and out.num_batched_tokens == 2
+
+
+def test_a_prompt_finished_by_a_one_token_chunk_gets_no_extra_slot():
+    """A chunked prompt whose last chunk is one token is planned like a decode, but its token already
+    has room (allocated with the prompt): no slot is appended, so no block is taken early."""
+    bm, sched = make_scheduler(32, 4, max_num_batched_tokens=7)
+    sched.add(make_seq(0, 8))  # two full blocks
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 0, 7)] and len(bm.block_table(0)) == 2
+    out, _ = run_step(sched)
+    assert plan(out) == [(0, 7, 1)] and out.copies == ()
+    assert len(bm.block_table(0)) == 2 and bm.num_used_blocks == 2 and sched.running[0].num_table_tokens == 8
+    out, _ = run_step(sched)  # the first sampled token needs the third block
+    assert plan(out) == [(0, 8, 1)] and len(bm.block_table(0)) == 3
+
+
+def test_forked_children_reach_max_model_len_like_their_parent():
+    """A parallel-sampling prompt one token short of max_model_len: the parent and the children it forks
+    all keep their first token (max_model_len tokens is allowed) and finish on the next, as "length"."""
+    bm = BlockManager(32, 4, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, stop=StopRule(frozenset(), 5),
+                      prefix_caching=True)
+    parent = make_seq(0, 4, n=3, max_tokens=10)
+    parent.pending_children = [make_seq(10 + i, 4, n=3, max_tokens=10, request_id=0) for i in range(2)]
+    for i, child in enumerate(parent.pending_children):
+        child.child_index, child.token_ids = i + 1, list(parent.token_ids)
+    sched.add(parent)
+    _, finished = run_step(sched)
+    assert finished == [] and [len(s.token_ids) for s in sched.running] == [5, 5, 5]
+    _, finished = run_step(sched)
+    assert sorted(s.seq_id for s in finished) == [0, 10, 11]
+    assert {(len(s.token_ids), s.finish_reason) for s in finished} == {(6, "length")}

@@ -76,6 +76,33 @@ def test_step_inputs_slot_mapping_and_positions(loaded):
     assert step.seq_lens.tolist() == [c.end for c in out.chunks]
 
 
+def test_step_inputs_slot_mapping_across_block_boundaries(loaded):
+    """Chunks that cross block boundaries, and a chunk that resumes a prefill in the middle of a block:
+    every token's slot is its own block's id times the block size plus its offset, as the block manager
+    says, at every step (a block index or offset off by one moves the tokens next to a boundary)."""
+    llm = make_llm(loaded, num_rows=4, max_blocks=4, block_size=4, num_blocks=32, max_num_batched_tokens=11)
+    core, tables = llm.core, llm.executor.tables
+    seen = []
+    compute = tables.step_inputs
+
+    def recording(out):
+        step = compute(out)
+        want = [llm.block_manager.slot(c.seq.seq_id, p) for c in out.chunks for p in range(c.start, c.end)]
+        seen.append(([(c.start, c.end) for c in out.chunks], step.slot_mapping.tolist(), want))
+        return step
+
+    tables.step_inputs = recording
+    for p in (PROMPTS[3], PROMPTS[1]):  # 17 and 9 tokens: prefills in chunks of up to 11 tokens
+        core.add(core.new_request(p, SamplingParams(max_tokens=3, ignore_eos=True)))
+    while core.has_unfinished():
+        core.step()
+    spans = [span for chunks, _, _ in seen for span in chunks]
+    assert any(end - start > 1 and start // 4 != (end - 1) // 4 for start, end in spans)  # crosses a boundary
+    assert any(start % 4 and end - start > 1 for start, end in spans)  # resumes mid-block
+    for chunks, got, want in seen:
+        assert got == want, f"step with chunks {chunks}: slot mapping {got}, block manager {want}"
+
+
 def _meta(tables):
     """Two sequences of 5 and 2 tokens (blocks of 4: two blocks and one), decoding one token each."""
     return AttentionMetadata.from_host(block_tables=np.array(tables, dtype=np.int32), seq_lens=np.array([5, 2]),
