@@ -71,7 +71,7 @@ conformance-results: install
 
 ## Compile every kernel for sm_90 without a GPU and report register spills.
 kernels-compile-check: install
-	$(PY) -m pagedbench.kernels.compile_check --out results
+	$(PY) -m pagedbench.bench.compile_check --out results
 
 ## The checks only a GPU can run (one script, <= 4 minutes, results/gpu/). On a lent GPU machine it installs
 ## nothing from the network: the package is linked into the machine's own python with --no-deps.
@@ -98,7 +98,7 @@ test-model: install
 ## 172 mutants on 2 shared cores). MUTANT_FLAGS="--only ID" re-runs some and updates their rows.
 MUTANT_FLAGS ?=
 mutants: install
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance.mutation_check $(MUTANT_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance.mutation.check $(MUTANT_FLAGS)
 
 ## All studies with their default configs; writes results/.
 bench: install
@@ -154,10 +154,10 @@ conformance-matrix: install
 	      --load pagedbench.conformance.peers.$${peer##*:} --out results/conformance $(MATRIX_ARGS) || true; \
 	  done; \
 	  $(PEERS_VENV)/bin/python -m pagedbench.conformance.peers.findings --out results/conformance/findings.md; \
-	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
+	  $(PY) -m pagedbench.conformance.gate.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
 	    $(foreach p,$(MATRIX_PEERS),--impl $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
 	else \
-	  $(PY) -m pagedbench.conformance.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
+	  $(PY) -m pagedbench.conformance.gate.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
 	    $(foreach p,$(MATRIX_PEERS),--not-installed $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
 	fi
 

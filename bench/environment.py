@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedbench.conformance.gate_environment import REPO_ROOT, SCHEMA_VERSION, host_environment
+from pagedbench.conformance.gate.environment import REPO_ROOT, SCHEMA_VERSION, host_environment
 
 RESULTS_DIR = REPO_ROOT / "results"
 

@@ -141,7 +141,7 @@ FAMILY_ARGS = ("conformance/suite/test_long_context.py", "conformance/suite/test
 
 
 def check_families(out: Path) -> dict:
-    from pagedbench.conformance.gate import SUITE_PYTEST_ARGS
+    from pagedbench.conformance.gate.runner import SUITE_PYTEST_ARGS
 
     root = Path(__file__).resolve().parents[1]
     xml = (out / "families.xml").resolve()

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pagedbench.conformance.report_files import replace_atomically, write_atomically
+from pagedbench.conformance.gate.report_files import replace_atomically, write_atomically
 
 SCHEMA_VERSION = 2
 

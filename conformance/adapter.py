@@ -32,8 +32,7 @@ from typing import Any
 import torch
 from pagedbench.conformance.capabilities import Capabilities
 
-__all__ = ["Capabilities", "Implementation", "NotSupported", "available", "expected_to_pass", "get", "listed",
-           "register"]
+__all__ = ["Capabilities", "Implementation", "NotSupported", "register"]
 
 
 class NotSupported(Exception):
@@ -94,6 +93,7 @@ class Implementation:
         raise self._unsupported("block_manager")
 
 
+#: name -> factory; read through :mod:`conformance.registry`, which also loads the built-in ones
 _REGISTRY: dict[str, Callable[[], Implementation]] = {}
 
 
@@ -109,38 +109,3 @@ def register(name: str):
         return factory
 
     return deco
-
-
-def available() -> list[str]:
-    """Every registered name, the mutation check's included."""
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def listed() -> list[str]:
-    """The names offered to a user: every registered one but the mutation check's own."""
-    _load_builtin()
-    return sorted(n for n, factory in _REGISTRY.items() if getattr(factory, "listed", True))
-
-
-def expected_to_pass(name: str) -> bool:
-    """Whether ``name`` is expected to pass, read without building it (building ours imports kernels)."""
-    _load_builtin()
-    return bool(getattr(_REGISTRY[name], "expected_to_pass", True))
-
-
-def get(name: str) -> Implementation:
-    """A fresh instance of the implementation registered as ``name``."""
-    _load_builtin()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown implementation {name!r}; known: {', '.join(listed())}") from None
-    impl = factory()
-    impl.name = name
-    return impl
-
-
-def _load_builtin() -> None:
-    # The built-in adapters (and the mutants) register themselves on import.
-    from pagedbench.conformance import implementations  # noqa: F401

@@ -81,7 +81,7 @@ UNCHECKED: dict[str, set[str]] = {}
 
 def note_unchecked(what: str) -> None:
     """Record that the running test left ``what`` unchecked (e.g. "lse"): the gate's JSON shows it."""
-    from pagedbench.conformance.checks import _current_test
+    from pagedbench.conformance.gate.checks import _current_test
 
     UNCHECKED.setdefault(_current_test(), set()).add(what)
 

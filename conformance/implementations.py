@@ -13,7 +13,6 @@ gate run on another project's implementation never loads them.
 
 from __future__ import annotations
 
-from pagedbench.conformance import batched_torch_adapter  # noqa: F401  (registers "torch-batched", lazily)
 from pagedbench.conformance.adapter import Implementation, register
 from pagedbench.conformance.capabilities import Capabilities
 from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
@@ -111,5 +110,3 @@ class TorchReferenceImplementation(Implementation):
 
 register("flex")(FlexAttentionImplementation)
 
-# The deliberately broken implementations of the mutation check register themselves too.
-from pagedbench.conformance import mutants  # noqa: E402, F401

@@ -16,9 +16,8 @@ new homes.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
+
+from pagedbench.refengine.module_aliases import install
 
 _EXPORTS = {
     "BlockManager": "pagedbench.refengine.kv.block_manager",
@@ -61,24 +60,7 @@ MOVED_MODULES = {
 __all__ = sorted(_EXPORTS)
 
 
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``pagedbench.refengine.<old>`` as the module at its new path (the same module object)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        prefix, _, old = fullname.rpartition(".")
-        if prefix != __name__ or old not in MOVED_MODULES:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec):
-        return importlib.import_module(f"{__name__}.{MOVED_MODULES[spec.name.rpartition('.')[2]]}")
-
-    def exec_module(self, module) -> None:  # already executed under its new name
-        pass
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _MovedModuleFinder())
+install(__name__, MOVED_MODULES)
 
 
 def __getattr__(name: str):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 from pagedbench.conformance.adapter import Implementation, NotSupported
-from pagedbench.conformance.gate_environment import version_of
+from pagedbench.conformance.gate.environment import version_of
 
 
 def use_interpreter_without_gpu() -> bool:

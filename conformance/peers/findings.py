@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.conformance import report_files
-from pagedbench.conformance.gate_environment import environment
+from pagedbench.conformance.gate import report_files
+from pagedbench.conformance.gate.environment import environment
 from pagedbench.conformance.peers import _package_dir, sglang_decode, version_of, vllm_paged_decode, vllm_unified
 
 

@@ -7,7 +7,7 @@ Each rejected call is checked twice: the error type and message, and that nothin
 from __future__ import annotations
 
 import pytest
-from pagedbench.conformance.block_manager_state import snapshot, without_failure_counter
+from pagedbench.conformance.gate.block_manager_state import snapshot, without_failure_counter
 from pagedbench.refengine.errors import (
     DuplicateSequenceError,
     InvalidArgumentError,

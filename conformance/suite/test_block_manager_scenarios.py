@@ -10,7 +10,7 @@ computed (and with it the logits the engine samples from).
 from __future__ import annotations
 
 import pytest
-from pagedbench.conformance.block_manager_state import snapshot, without_failure_counter
+from pagedbench.conformance.gate.block_manager_state import snapshot, without_failure_counter
 from pagedbench.refengine.errors import OutOfBlocksError, UnknownSequenceError
 from pagedbench.refengine.kv import prefix_hash
 

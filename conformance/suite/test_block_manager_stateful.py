@@ -25,7 +25,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from pagedbench.conformance.block_manager_state import snapshot, without_failure_counter
+from pagedbench.conformance.gate.block_manager_state import snapshot, without_failure_counter
 from pagedbench.refengine.errors import OutOfBlocksError
 
 PREFIXES = (tuple(range(1, 70)), (3,) * 70, (1, 2) * 35)  # shared prompt prefixes (with repeats)

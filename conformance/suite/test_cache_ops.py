@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from pagedbench.conformance import checks
-from pagedbench.conformance.cases import DTYPES
+from pagedbench.conformance.gate import checks
+from pagedbench.conformance.gate.cases import DTYPES
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from pagedbench.conformance import builders, checks, oracle
-from pagedbench.conformance.cases import (
+from pagedbench.conformance.gate import builders, checks, oracle
+from pagedbench.conformance.gate.cases import (
     BLOCK_SIZES,
     DTYPES,
     HEAD_DIMS,
@@ -24,7 +24,7 @@ from pagedbench.conformance.cases import (
     edge_lengths,
     vary,
 )
-from pagedbench.conformance.harness import run_and_check
+from pagedbench.conformance.gate.harness import run_and_check
 
 CONTROL = AttentionCase("decode", block_size=16, seq_lens=(97, 16, 1, 33))
 

@@ -15,8 +15,8 @@ import math
 
 import pytest
 import torch
-from pagedbench.conformance import builders, checks, oracle
-from pagedbench.conformance.cases import DTYPES, FP8_E4M3, AttentionCase
+from pagedbench.conformance.gate import builders, checks, oracle
+from pagedbench.conformance.gate.cases import DTYPES, FP8_E4M3, AttentionCase
 
 FP8 = torch.float8_e4m3fn
 K_SCALE, V_SCALE = 0.0125, 0.004  # stored magnitudes ~80 (K) and ~250 (V): the top of the format

@@ -12,9 +12,9 @@ import itertools
 
 import pytest
 import torch
-from pagedbench.conformance import builders, checks
-from pagedbench.conformance.cases import DTYPES, AttentionCase, case_ids, vary
-from pagedbench.conformance.harness import run_and_check
+from pagedbench.conformance.gate import builders, checks
+from pagedbench.conformance.gate.cases import DTYPES, AttentionCase, case_ids, vary
+from pagedbench.conformance.gate.harness import run_and_check
 
 #: (num_heads, num_kv_heads): group 12 and group 16, with two KV heads and with one
 LAYOUTS = ((24, 2), (32, 2), (12, 1), (16, 1))

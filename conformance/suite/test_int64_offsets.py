@@ -21,8 +21,8 @@ import resource
 
 import pytest
 import torch
-from pagedbench.conformance import checks, oracle
-from pagedbench.conformance.cases import TOLERANCES
+from pagedbench.conformance.gate import checks, oracle
+from pagedbench.conformance.gate.cases import TOLERANCES
 
 BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM = 16, 1, 64
 ELEMENTS_PER_BLOCK = BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM

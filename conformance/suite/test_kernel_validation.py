@@ -13,8 +13,8 @@ import math
 
 import pytest
 import torch
+from pagedbench.conformance.gate.validation import rejected
 from pagedbench.conformance.our_launchers import LAUNCHERS
-from pagedbench.conformance.validation import rejected
 
 NB, BS, HKV, HQ, D = 6, 4, 2, 4, 8
 

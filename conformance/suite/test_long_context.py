@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from pagedbench.conformance.cases import DTYPES, AttentionCase, case_ids, vary
-from pagedbench.conformance.harness import run_and_check
+from pagedbench.conformance.gate.cases import DTYPES, AttentionCase, case_ids, vary
+from pagedbench.conformance.gate.harness import run_and_check
 
 LARGE_BLOCK_SIZES = (256, 512)
 LONG_CONTEXTS = (4095, 4096, 4097, 8193, 16384, 32768)

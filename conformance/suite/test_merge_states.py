@@ -12,8 +12,8 @@ import math
 
 import pytest
 import torch
-from pagedbench.conformance import builders, cascade, checks
-from pagedbench.conformance.cascade import CascadeCase, MergeCase
+from pagedbench.conformance.gate import builders, cascade, checks
+from pagedbench.conformance.gate.cascade import CascadeCase, MergeCase
 
 
 def _merge(impl, out_a, lse_a, out_b, lse_b, *, context: str):

@@ -15,9 +15,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from pagedbench.conformance import builders, capabilities, checks
-from pagedbench.conformance.cases import AttentionCase, case_ids, vary
-from pagedbench.conformance.harness import run_and_check
+from pagedbench.conformance import capabilities
+from pagedbench.conformance.gate import builders, checks
+from pagedbench.conformance.gate.cases import AttentionCase, case_ids, vary
+from pagedbench.conformance.gate.harness import run_and_check
 
 DECODE = AttentionCase("decode", block_size=5, seq_lens=(23, 1, 10, 41), num_heads=8, num_kv_heads=2)
 PREFILL = AttentionCase("prefill", block_size=5, seq_lens=(23, 1, 10, 41), q_lens=(23, 1, 4, 7),

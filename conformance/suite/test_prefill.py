@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 import torch
-from pagedbench.conformance import builders, checks
-from pagedbench.conformance.cases import (
+from pagedbench.conformance.gate import builders, checks
+from pagedbench.conformance.gate.cases import (
     BLOCK_SIZES,
     DTYPES,
     HEAD_DIMS,
@@ -23,7 +23,7 @@ from pagedbench.conformance.cases import (
     edge_lengths,
     vary,
 )
-from pagedbench.conformance.harness import run_and_check
+from pagedbench.conformance.gate.harness import run_and_check
 
 CONTROL = AttentionCase("prefill", block_size=16, seq_lens=(40, 16, 1, 33), q_lens=(40, 3, 1, 17))
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from pagedbench.conformance import gate, report_files
+from pagedbench.conformance.gate import report_files
+from pagedbench.conformance.gate import runner as gate
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD = "pagedbench.conformance.tests.outside_impls"

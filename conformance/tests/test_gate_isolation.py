@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pagedbench.conformance import outcomes
+from pagedbench.conformance.gate import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD = "pagedbench.conformance.tests.outside_impls"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pagedbench.conformance import matrix, report_files
+from pagedbench.conformance.gate import matrix, report_files
 
 DECODE = "conformance/suite/test_decode.py::test_decode_matches_oracle"
 PREFILL = "conformance/suite/test_prefill.py::test_prefill_matches_oracle"

@@ -1,4 +1,4 @@
-"""The mutation check: the suite must fail every deliberately broken implementation (``conformance.mutants``).
+"""The mutation check: the suite must fail every deliberately broken implementation (``conformance.mutation.mutants``).
 
 For each ``mutant-*`` the part of the suite that covers what it breaks runs in a subprocess against it
 (``-x``: the first failure kills it) and must fail; the unbroken ``control`` must pass the same tests, so
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from pagedbench.conformance import adapter, gate, mutants
+from pagedbench.conformance import registry
+from pagedbench.conformance.gate import runner as gate
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "conformance" / "suite"
@@ -67,9 +68,9 @@ def first_failure(output: str) -> str:
 
 
 @pytest.mark.mutants
-@pytest.mark.parametrize("name", mutants.mutant_names())
+@pytest.mark.parametrize("name", registry.mutant_names())
 def test_mutant_is_killed(name):
-    impl = adapter.get(name)
+    impl = registry.get(name)
     assert not impl.expected_to_pass, f"{name} is registered as a mutant but expected_to_pass is True"
     start = time.perf_counter()
     proc = run_suite(name, impl.breaks, stop_at_first=True)

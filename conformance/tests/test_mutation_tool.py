@@ -10,9 +10,10 @@ import json
 import textwrap
 
 import pytest
-from pagedbench.conformance import mutation_check, mutation_equivalents
-from pagedbench.conformance import mutation_operators as ops
-from pagedbench.conformance.mutation_runner import Workspace, classify, run_tests
+from pagedbench.conformance.mutation import check as mutation_check
+from pagedbench.conformance.mutation import equivalents as mutation_equivalents
+from pagedbench.conformance.mutation import operators as ops
+from pagedbench.conformance.mutation.runner import Workspace, classify, run_tests
 
 KERNEL = textwrap.dedent("""
     import triton
@@ -218,9 +219,9 @@ def test_the_runner_classifies_mutants_of_a_fake_project_in_a_private_copy(tmp_p
 
 
 def test_the_report_renders_every_outcome_and_the_equivalence_reason(tmp_path):
-    from pagedbench.conformance.mutation_check import Target, Verdict
-    from pagedbench.conformance.mutation_report import write_report
-    from pagedbench.conformance.mutation_runner import RunResult
+    from pagedbench.conformance.mutation.check import Target, Verdict
+    from pagedbench.conformance.mutation.report import write_report
+    from pagedbench.conformance.mutation.runner import RunResult
 
     target = Target("m.py", ("compare_boundary",), ("t.py",))
     (m,) = one("def f(a, b):\n    return a <= b\n", "compare_boundary")
@@ -245,10 +246,10 @@ def test_the_report_renders_every_outcome_and_the_equivalence_reason(tmp_path):
 
 
 def test_a_rerun_with_only_updates_its_rows_and_keeps_the_others(tmp_path):
-    from pagedbench.conformance.gate_environment import host_environment
-    from pagedbench.conformance.mutation_check import Target, Verdict, earlier_report
-    from pagedbench.conformance.mutation_report import write_report
-    from pagedbench.conformance.mutation_runner import RunResult
+    from pagedbench.conformance.gate.environment import host_environment
+    from pagedbench.conformance.mutation.check import Target, Verdict, earlier_report
+    from pagedbench.conformance.mutation.report import write_report
+    from pagedbench.conformance.mutation.runner import RunResult
 
     target = Target("m.py", ("compare_boundary",), ("t.py",))
     first, second = one("def f(a, b):\n    return a <= b\n\n\ndef g(a, b):\n    return a >= b\n", "compare_boundary")

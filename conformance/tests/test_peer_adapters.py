@@ -23,8 +23,10 @@ import json, os, sys, warnings
 warnings.simplefilter("ignore")
 import importlib
 from dataclasses import replace
-from pagedbench.conformance import adapter, builders
-from pagedbench.conformance.cases import AttentionCase
+from pagedbench.conformance import adapter
+from pagedbench.conformance import registry
+from pagedbench.conformance.gate import builders
+from pagedbench.conformance.gate.cases import AttentionCase
 names = json.loads(sys.argv[1])
 for module in names.values():
     importlib.import_module("pagedbench.conformance.peers." + module)
@@ -34,7 +36,7 @@ x = replace(x, k_cache=x.k_cache.nan_to_num(0.0), v_cache=x.v_cache.nan_to_num(0
 ref = builders.expected(case, x)
 report = {}
 for name in names:
-    impl = adapter.get(name)
+    impl = registry.get(name)
     out = impl.paged_decode(x.q, x.k_cache, x.v_cache, x.block_tables, x.seq_lens, scale=x.scale)
     report[name] = {"max_abs_err": float((out.double() - ref.out).abs().max()), "describe": impl.describe()}
 report["TRITON_INTERPRET"] = os.environ.get("TRITON_INTERPRET")

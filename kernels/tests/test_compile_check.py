@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_fast_compile_check_passes(tmp_path):
     pytest.importorskip("triton.backends.nvidia")
-    run = subprocess.run([sys.executable, "-m", "pagedbench.kernels.compile_check", "--fast", "--out",
+    run = subprocess.run([sys.executable, "-m", "pagedbench.bench.compile_check", "--fast", "--out",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     prefill = [line for line in run.stdout.splitlines() if "_prefill_kernel" in line and "fp32" not in line]

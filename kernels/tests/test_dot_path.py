@@ -18,8 +18,8 @@ import re
 import pytest
 import torch
 from pagedbench import kernels
-from pagedbench.conformance import oracle
-from pagedbench.conformance.cases import TOLERANCES
+from pagedbench.conformance.gate import oracle
+from pagedbench.conformance.gate.cases import TOLERANCES
 from pagedbench.kernels import attention, attention_kernels
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}

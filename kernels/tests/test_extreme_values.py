@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench import kernels
-from pagedbench.conformance import oracle
+from pagedbench.conformance.gate import oracle
 from pagedbench.kernels import reference
 
 LAUNCHERS = {"triton": kernels, "torch": reference}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from pagedbench import kernels
-from pagedbench.conformance import oracle
+from pagedbench.conformance.gate import oracle
 from pagedbench.kernels import attention
 
 BS, D, WINDOW, Q_LEN = 16, 128, 16, 128

@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 from pagedbench import kernels
-from pagedbench.conformance import oracle
+from pagedbench.conformance.gate import oracle
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through libc")
 

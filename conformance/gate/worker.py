@@ -1,7 +1,7 @@
 """One gate worker: run part of the suite in this process and stream each case's outcome to a file.
 
-``python -m pagedbench.conformance.worker --impl NAME [--load MODULE] --report FILE [--only FILE]
--- PYTEST_ARGS`` (the gate starts one per suite module, see ``conformance.gate``). The report is JSON
+``python -m pagedbench.conformance.gate.worker --impl NAME [--load MODULE] --report FILE [--only FILE]
+-- PYTEST_ARGS`` (the gate starts one per suite module, see ``conformance.gate.runner``). The report is JSON
 lines, each flushed as soon as it is known, so whatever this process manages to say before it dies
 (a segfault, ``os.abort()``, a timeout) reaches the gate::
 
@@ -59,7 +59,7 @@ class Reporter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call" and report.outcome == "passed":
             return
-        from pagedbench.conformance import outcomes
+        from pagedbench.conformance.gate import outcomes
 
         category = getattr(report, "conformance_category", "numerics")
         entry = {"outcome": outcomes.outcome_of(report, category, getattr(report, "conformance_failure", None)),
@@ -108,7 +108,7 @@ def _no_core_dumps() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance.worker")
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance.gate.worker")
     parser.add_argument("--impl", required=True)
     parser.add_argument("--load", action="append", default=[])
     parser.add_argument("--report", type=Path, required=True)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a segfault prints every thread's stack to stderr (the gate keeps its tail)
     only = set(json.loads(args.only.read_text())) if args.only else None
     reporter = Reporter(args.report, only)
-    from pagedbench.conformance import adapter
+    from pagedbench.conformance import registry
 
     for module in args.load:
         try:
@@ -128,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             reporter.event({"event": "preflight_error",
                             "message": f"--load {module}: cannot import it: {type(e).__name__}: {e}"})
             return PREFLIGHT_STATUS
-    if args.impl not in adapter.available():
-        reporter.event({"event": "unknown_implementation", "known": adapter.listed()})
+    if args.impl not in registry.available():
+        reporter.event({"event": "unknown_implementation", "known": registry.listed()})
         return 4
     try:
-        impl = adapter.get(args.impl)
+        impl = registry.get(args.impl)
     except Exception as e:
         reporter.event({"event": "preflight_error",
                         "message": f"cannot construct {args.impl!r}: {type(e).__name__}: {e}"})

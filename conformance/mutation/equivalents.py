@@ -7,7 +7,7 @@ A surviving mutant that is *not* here is a gap in the tests: the mutation check 
 
 from __future__ import annotations
 
-from pagedbench.conformance.mutation_operators import Mutant
+from pagedbench.conformance.mutation.operators import Mutant
 
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ("refengine/kv/block_manager.py", "_publish", "compare_boundary", "if i > upto_blocks:"): (

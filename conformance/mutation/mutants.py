@@ -325,9 +325,3 @@ class NoCopyOnWrite(_Mutant):
                 return None
 
         return NoCowBlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-
-
-def mutant_names() -> list[str]:
-    from pagedbench.conformance import adapter
-
-    return [n for n in adapter.available() if n.startswith("mutant-")]

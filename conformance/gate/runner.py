@@ -14,7 +14,7 @@ Output: a line per suite module, a line per failing case (its id, the property i
 measured error against its bound), the counts with numerics, block accounting, validation and the
 capabilities apart, and a closing list of the failing cases. ``-v`` adds the workers' pytest output.
 
-Isolation: every suite module runs in a worker subprocess (``conformance.worker``) that streams each
+Isolation: every suite module runs in a worker subprocess (``conformance.gate.worker``) that streams each
 case's outcome to a file as it is known. When a worker dies (a signal such as SIGSEGV/SIGABRT, an exit
 without its final record, or ``--timeout`` seconds of running its cases), the case it was running is
 recorded as ``crashed`` and the module resumes in a fresh worker with the cases not yet reported (at most
@@ -33,7 +33,7 @@ Writes, atomically, ``DIR/NAME.json``::
      "cases": {"conformance/suite/test_decode.py::test_decode_matches_oracle[torch-decode/bs=16,...]":
                {"outcome": "pass", "category": "numerics", "errors": {"out_max_abs_err": 0.0009}}, ...}}
 
-and ``DIR/NAME.junit.xml`` with the same cases. Outcomes and categories: see ``conformance.outcomes``.
+and ``DIR/NAME.junit.xml`` with the same cases. Outcomes and categories: see ``conformance.gate.outcomes``.
 Exit status: non-zero when any case fails, errors or crashes — except validation findings (the
 implementation accepted bad arguments, rejected them with an unexpected exception, or crashed on them),
 which are reported in the ``validation`` column and fail the gate only with ``--strict-validation``; a
@@ -53,14 +53,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedbench.conformance import outcomes, report_files
-from pagedbench.conformance.gate_environment import environment
+from pagedbench.conformance.gate import outcomes, report_files
+from pagedbench.conformance.gate.environment import environment
 
 SCHEMA_VERSION = 2
 #: the shipped suite: every test in it takes an implementation
-SUITE_DIR = Path(__file__).resolve().parent / "suite"
+SUITE_DIR = Path(__file__).resolve().parent.parent / "suite"
 #: what the suite needs whichever project's pytest configuration is in force where the gate runs
-SUITE_PYTEST_ARGS = ("-p", "pagedbench.conformance.pytest_plugin", "--import-mode=importlib")
+SUITE_PYTEST_ARGS = ("-p", "pagedbench.conformance.gate.pytest_plugin", "--import-mode=importlib")
 DEFAULT_TIMEOUT_S = 3600.0
 #: the least time a worker gets to start and collect its cases, whatever ``--timeout`` says
 MIN_COLLECT_TIMEOUT_S = 600.0
@@ -163,7 +163,7 @@ def _run_worker(tmp: Path, name: str, impl: str, loads: list[str], targets: list
     timeout, how it died as the gate words it (meaningless when it finished), the tail of its stderr).
     The worker's own pytest output (tracebacks included) is echoed only when ``verbose``."""
     report, only_file, stdout_path, stderr_path = (tmp / f"{name}.{s}" for s in ("jsonl", "only", "out", "err"))
-    cmd = [sys.executable, "-m", "pagedbench.conformance.worker", "--impl", impl, "--report", str(report)]
+    cmd = [sys.executable, "-m", "pagedbench.conformance.gate.worker", "--impl", impl, "--report", str(report)]
     for m in loads:
         cmd += ["--load", m]
     if only is not None:
@@ -301,11 +301,11 @@ def _nothing_passed_reason(summary: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pagedbench.conformance import adapter
+    from pagedbench.conformance import registry
 
     parser = argparse.ArgumentParser(
         prog="python -m pagedbench.conformance", description=__doc__.split("\n")[0],
-        epilog="implementations: " + ", ".join(adapter.listed())
+        epilog="implementations: " + ", ".join(registry.listed())
         + " (another project's: --load the module that registers it). Exit status: 0 passed, 1 failed, "
           "2 could not run (bad arguments, a --load that does not import, a device this machine lacks).")
     parser.add_argument("--impl", required=True, help="the registered implementation to check")

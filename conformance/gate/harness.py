@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance import builders, capabilities, checks, oracle
-from pagedbench.conformance.cases import AttentionCase
+from pagedbench.conformance import capabilities
+from pagedbench.conformance.gate import builders, checks, oracle
+from pagedbench.conformance.gate.cases import AttentionCase
 
 
 def run_and_check(impl, case: AttentionCase, *, x: builders.PagedInputs | None = None,

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from pagedbench.conformance import capabilities, oracle
-from pagedbench.conformance.cases import AttentionCase
+from pagedbench.conformance import capabilities
+from pagedbench.conformance.gate import oracle
+from pagedbench.conformance.gate.cases import AttentionCase
 
 
 @dataclass(frozen=True, slots=True)

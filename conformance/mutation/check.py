@@ -2,19 +2,19 @@
 manager, scheduler and sampler, each run against the tests that cover its file, reported in
 ``results/mutation.md`` and ``results/mutation.json``.
 
-``python -m pagedbench.conformance.mutation_check [-j 2] [--max-mutants N] [--per-operator N] [--seed 0]
+``python -m pagedbench.conformance.mutation.check [-j 2] [--max-mutants N] [--per-operator N] [--seed 0]
 [--only TEXT] [--out results]``
 
 Why not a general tool: mutmut 3 skips every decorated function (so no ``@triton.jit`` kernel is
 mutated) and imports the package from its own copy, which our ``pagedbench.*`` folder mapping defeats;
 cosmic-ray rewrites the working tree in place with generic operators. So the operators are ours
-(:mod:`conformance.mutation_operators`: exact-span text rewrites, kernels stay valid source) and so is the
-runner (:mod:`conformance.mutation_runner`: one private copy of the tree per worker, a timeout per run).
+(:mod:`conformance.mutation.operators`: exact-span text rewrites, kernels stay valid source) and so is the
+runner (:mod:`conformance.mutation.runner`: one private copy of the tree per worker, a timeout per run).
 
 Every mutant runs by default. Sampling is only on request: at most ``--per-operator`` of each (file,
 operator), then at most ``--max-mutants`` in all (seeded). The unmutated copy must pass each file's tests
 first (its time sets the timeout).
-A mutant that survives and is listed in :data:`conformance.mutation_equivalents.EQUIVALENT` is reported
+A mutant that survives and is listed in :data:`conformance.mutation.equivalents.EQUIVALENT` is reported
 as equivalent, with the reason. A run with ``--only`` (a re-run of some mutants after a test was added)
 updates the report already in ``--out``: its rows replace those mutants' rows, the others are kept, and the
 report names the commit of each run.
@@ -31,13 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.conformance import mutation_operators as ops
-from pagedbench.conformance.gate_environment import host_environment
-from pagedbench.conformance.mutation_equivalents import equivalence_reason
-from pagedbench.conformance.mutation_report import write_report
-from pagedbench.conformance.mutation_runner import RunResult, Workspace, run_tests
+from pagedbench.conformance.gate.environment import host_environment
+from pagedbench.conformance.mutation import operators as ops
+from pagedbench.conformance.mutation.equivalents import equivalence_reason
+from pagedbench.conformance.mutation.report import write_report
+from pagedbench.conformance.mutation.runner import RunResult, Workspace, run_tests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KERNEL_OPS = (
     "int32_offset",
     "bound_plus_one",
@@ -255,7 +255,7 @@ def earlier_report(out: Path, mutant_ids: set[str]) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pagedbench.conformance.mutation_check", description=__doc__.split("\n")[0]
+        prog="python -m pagedbench.conformance.mutation.check", description=__doc__.split("\n")[0]
     )
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--max-mutants", type=int, default=None, help="sample at most this many (default: all)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedbench.conformance import report_files
-from pagedbench.conformance.gate_environment import host_environment
+from pagedbench.conformance.gate import report_files
+from pagedbench.conformance.gate.environment import host_environment
 
 SCHEMA_VERSION = 1
 TOOL_FINDING = (
     "mutmut 3 skips every decorated function, so it would mutate none of our `@triton.jit` kernels (and it "
     "imports the package from its own copy, which the `pagedbench.*` folder mapping defeats), and cosmic-ray "
     "mutates the working tree in place with generic operators only: the operators and the runner are ours "
-    "(`conformance/mutation_operators.py`, `conformance/mutation_runner.py`)."
+    "(`conformance/mutation/operators.py`, `conformance/mutation/runner.py`)."
 )
 LABELS = {
     "killed": "killed (assertion)",
@@ -129,7 +129,7 @@ def markdown(rec: dict) -> str:
     lines = [
         "# Mutation check of the real source",
         "",
-        f"Written by `make mutants` (`python -m pagedbench.conformance.mutation_check`). {TOOL_FINDING}",
+        f"Written by `make mutants` (`python -m pagedbench.conformance.mutation.check`). {TOOL_FINDING}",
         "",
         f"Commit `{env['git']['commit']}`{' (dirty)' if env['git']['dirty'] else ''}, {env['created_utc']}; "
         f"{env['machine']['cpu']} ({env['machine']['cpu_count']} CPUs); Python {env['versions']['python']}, "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from pagedbench.conformance import adapter
+from pagedbench.conformance import adapter, registry
 
 
 def _claim_the_kernels_name() -> None:
@@ -26,7 +26,7 @@ def _claim_the_kernels_name() -> None:
     ``sys.modules`` and break transformers, which imports it. Taken first, the name stays theirs, and
     ours is always imported as ``pagedbench.kernels``.
     """
-    ours = Path(__file__).resolve().parent.parent / "kernels"
+    ours = Path(__file__).resolve().parents[2] / "kernels"
     spec = importlib.util.find_spec("kernels")
     if spec is not None and spec.origin and Path(spec.origin).resolve().parent != ours:
         importlib.import_module("kernels")
@@ -37,7 +37,7 @@ _claim_the_kernels_name()
 BUILTIN_IMPLS = ("triton", "torch", "flex")
 #: what runs without --impl: the built-ins expected to pass (flex is known to fail, see
 #: conformance/flex_adapter.py; check it with `python -m pagedbench.conformance --impl flex`)
-DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if adapter.expected_to_pass(n))
+DEFAULT_IMPLS = tuple(n for n in BUILTIN_IMPLS if registry.expected_to_pass(n))
 
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.register_profile(
@@ -56,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--impl", action="store", default=",".join(DEFAULT_IMPLS),
-        help=f"comma-separated implementations to check (known: {', '.join(adapter.available())})",
+        help=f"comma-separated implementations to check (known: {', '.join(registry.available())})",
     )
     parser.addoption(
         "--case", action="append", default=[],
@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def selected_impls(config: pytest.Config) -> list[str]:
     names = [n.strip() for n in config.getoption("--impl").split(",") if n.strip()]
-    known = adapter.available()
+    known = registry.available()
     for n in names:
         if n not in known:
             raise pytest.UsageError(f"--impl: unknown implementation {n!r}; known: {', '.join(known)}")
@@ -91,7 +91,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def impl(request: pytest.FixtureRequest) -> adapter.Implementation:
-    return adapter.get(request.param)
+    return registry.get(request.param)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -104,10 +104,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    # The errors a test's comparisons measured (conformance.checks.record) go into its report: the
+    # The errors a test's comparisons measured (conformance.gate.checks.record) go into its report: the
     # JUnit XML shows them as properties and the gate's JSON summary reads them from there; so do the
     # properties left unchecked for want of a capability.
-    from pagedbench.conformance import capabilities, checks, outcomes
+    from pagedbench.conformance import capabilities
+    from pagedbench.conformance.gate import checks, outcomes
 
     if call.when == "call":
         for name, value in sorted(checks.take_recorded(item.nodeid).items()):

@@ -10,7 +10,7 @@ it with each sequence's attention over its own suffix through the natural-log LS
     suffix part        a's queries over A0 A1, b's over B0       (causal within the suffix)
     merge_attn_states(prefix part, suffix part) == attention over the full table
 
-The float64 oracle here is the merge formula itself (:func:`merge`), and ``conformance.oracle`` over the
+The float64 oracle here is the merge formula itself (:func:`merge`), and ``conformance.gate.oracle`` over the
 full tables for the cascade. As everywhere in the suite, caches are NaN except the slots in use, block
 ids are shuffled, and a part with LSE ``-inf`` holds NaN (a merge must not read it).
 """
@@ -22,8 +22,8 @@ import zlib
 from dataclasses import dataclass
 
 import torch
-from pagedbench.conformance import builders, oracle
-from pagedbench.conformance.cases import DTYPES, TOLERANCES, Tolerance
+from pagedbench.conformance.gate import builders, oracle
+from pagedbench.conformance.gate.cases import DTYPES, TOLERANCES, Tolerance
 
 #: kinds of LSE pair of a direct merge case
 LSE_KINDS = ("randn", "far", "huge-out", "empty-a", "empty-both", "mixed-inf")

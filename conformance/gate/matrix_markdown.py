@@ -1,4 +1,4 @@
-"""``matrix.md``, rendered from the record ``conformance.matrix.build`` returns (tables with ``tabulate``)."""
+"""``matrix.md``, rendered from the record ``conformance.gate.matrix.build`` returns (tables with ``tabulate``)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def render(matrix: dict) -> str:
     out = [
         "# Conformance matrix",
         "",
-        "Written by `make conformance-matrix` (`python -m pagedbench.conformance.matrix`) from the gate's files "
+        "Written by `make conformance-matrix` (`python -m pagedbench.conformance.gate.matrix`) from the gate's files "
         "in this folder; nothing here is edited by hand.",
         "",
     ]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 
 import torch
-from pagedbench.conformance.cases import Tolerance
-from pagedbench.conformance.oracle import OracleResult
+from pagedbench.conformance.gate.cases import Tolerance
+from pagedbench.conformance.gate.oracle import OracleResult
 
 #: errors measured by the running test: nodeid -> {name: value}
 RECORDED: dict[str, dict[str, float]] = {}

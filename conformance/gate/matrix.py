@@ -1,6 +1,6 @@
 """The conformance matrix: implementation x property, built from the gate's JSON files (``make conformance-matrix``).
 
-``python -m pagedbench.conformance.matrix --dir results/conformance --impl triton --impl vllm-unified ...
+``python -m pagedbench.conformance.gate.matrix --dir results/conformance --impl triton --impl vllm-unified ...
 [--not-installed NAME] [--note TEXT]`` reads ``DIR/NAME.json`` for each ``--impl`` and writes, atomically,
 ``DIR/matrix.md`` and ``DIR/matrix.json``.
 
@@ -27,8 +27,8 @@ import json
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from pagedbench.conformance import report_files
-from pagedbench.conformance.gate_environment import host_environment
+from pagedbench.conformance.gate import report_files
+from pagedbench.conformance.gate.environment import host_environment
 
 MATRIX_SCHEMA_VERSION = 1
 PROPERTY_OF_MODULE = {
@@ -179,9 +179,10 @@ def build(directory: Path, impls: list[str], not_installed: list[str], note: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pagedbench.conformance.matrix_markdown import render
+    from pagedbench.conformance.gate.matrix_markdown import render
 
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance.matrix", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.conformance.gate.matrix",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument(
         "--dir",
         type=Path,

@@ -49,7 +49,7 @@ def category_of(item: pytest.Item) -> str:
 def failure_kind(excinfo: pytest.ExceptionInfo | None) -> str | None:
     """``accepts-invalid`` (the call under ``rejected()``/``pytest.raises`` returned), ``assertion``
     (an ``AssertionError`` or ``pytest.fail``), ``exception`` (anything else), None (nothing raised)."""
-    from pagedbench.conformance.validation import AcceptedInvalidInput
+    from pagedbench.conformance.gate.validation import AcceptedInvalidInput
 
     if excinfo is None:
         return None
