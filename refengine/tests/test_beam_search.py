@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from pagedbench.refengine import LLM, BeamSearchParams, SamplingParams  # noqa: E402
 from pagedbench.refengine.engine.beam_search import select_candidates  # noqa: E402
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError  # noqa: E402
+from pagedbench.refengine.tests.tiny_hf import tiny_llama  # noqa: E402
 
 #: two candidates whose scores differ by less than this may come in either order (float32 logits of two
 #: implementations differ by ~2e-6; see test_model_hf's bound)
@@ -32,22 +33,7 @@ MAX_TOKENS = 6
 
 
 def _build(seed: int = 0):
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-    return model
+    return tiny_llama(seed)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,11 @@ errors, sizing and stats. The scheduler's exact decisions are in test_scheduler.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from pagedbench.refengine.tests.tiny_hf import tiny_llama
 
 MODEL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -32,22 +31,8 @@ def tokens(outs) -> list[list[int]]:
 # --- equal to Hugging Face through the LLM API --------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # spread weights: greedy tokens not decided by rounding
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+    pytest.importorskip("transformers")
+    model = tiny_llama(0)
     folder = tmp_path_factory.mktemp("hf-llama")
     model.save_pretrained(folder)
     return folder, model

@@ -4,34 +4,19 @@ Face's logits for the same sequence; the cumulative logprob is their sum over th
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from pagedbench.refengine.tests.tiny_hf import tiny_llama
 
 VOCAB = 256
 
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-        pad_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # spread weights: the top tokens are not decided by rounding
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+    pytest.importorskip("transformers")
+    model = tiny_llama(0)
     folder = tmp_path_factory.mktemp("hf-llama-logprobs")
     model.save_pretrained(folder)
     return folder, model.double()
