@@ -35,6 +35,7 @@ class LLMStats:
     mean_kv_utilisation_queued: float
     # wall seconds spent in generate and step calls since construction (the idle time between calls not)
     elapsed_s: float = 0.0
+    num_failed_steps: int = 0  # steps that raised and were rolled back (their sequences recompute-preempted)
 
     def __str__(self) -> str:
         """The figures a reader looks for first, throughput included (``repr`` has every field)."""
@@ -43,7 +44,9 @@ class LLMStats:
                 f"{self.elapsed_s:.2f} s over {self.num_steps} steps: input {self.input_tokens_per_s:.1f} tok/s, "
                 f"output {self.output_tokens_per_s:.1f} tok/s; KV pool {self.num_blocks} blocks x "
                 f"{self.block_size}, peak {self.peak_used_blocks} used, prefix hit rate "
-                f"{self.prefix_hit_rate:.1%}, {self.num_preemptions} preemptions, mean batch "
+                f"{self.prefix_hit_rate:.1%}, {self.num_preemptions} preemptions, "
+                + (f"{self.num_failed_steps} failed steps, " if self.num_failed_steps else "")
+                + f"mean batch "
                 f"{self.mean_running_seqs:.1f} (peak {self.peak_running_seqs}))")
 
     @property
@@ -132,5 +135,5 @@ class StatsRecorder:
             peak_running_seqs=scheduler.peak_running, mean_running_seqs=self.running_sum / steps,
             mean_running_seqs_queued=self.queued_running_sum / max(self.queued_steps, 1),
             mean_kv_utilisation_queued=self.queued_util_sum / max(self.queued_steps, 1),
-            elapsed_s=self.elapsed_s,
+            elapsed_s=self.elapsed_s, num_failed_steps=scheduler.num_rollbacks,
         )

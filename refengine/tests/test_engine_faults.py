@@ -204,6 +204,8 @@ def test_a_failed_copy_on_write_copy_does_not_change_the_tokens(loaded, monkeypa
         while llm.scheduler.has_unfinished():
             llm.step()
         llm.block_manager.check_invariants()
+        assert llm.stats.num_failed_steps == int(fail)
+        assert ("1 failed steps" in str(llm.stats)) == fail
         return [c.token_ids for c in req.output().outputs]
 
     assert run(True) == run(False)
