@@ -51,6 +51,7 @@ class GridSpec:
     steps_per_batch: int
     mixed_prefill_lens: tuple[int, ...]  # prompts joining a decode batch
     prefill_lens: tuple[int, ...]  # lone prompts
+    burst_lens: tuple[int, ...]  # a burst of decode_batches[0] prompts cycling through these lengths
     prefill_repeats: int
 
 
@@ -188,7 +189,7 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if g.decode_batches[0] * longest + max(g.mixed_prefill_lens) > e.num_blocks * e.block_size:
         raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold a decode "
                                            f"run ({g.decode_batches[0]} x {longest} tokens) unpreempted")
-    for name in ("prefill_lens", "mixed_prefill_lens"):
+    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens"):
         if max(getattr(g, name)) >= e.max_model_len:
             raise r.error(f"grid.{name}", f"prompts must be shorter than engine.max_model_len "
                                           f"{e.max_model_len}, got {max(getattr(g, name))}")

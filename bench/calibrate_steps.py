@@ -17,7 +17,9 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
   several lengths in one step: the batched backend's attention groups); every ``steps_per_batch``
   decode-only steps a fresh prompt from ``mixed_prefill_lens`` joins for one step (a mixed step);
 - *lone prompts* of each of ``prefill_lens`` (``prefill_repeats`` times), ``max_tokens=1``: prefill-only
-  steps, chunked past the token budget.
+  steps, chunked past the token budget; and a *burst* of ``decode_batches[0]`` prompts cycling through
+  ``burst_lens``, ``max_tokens=1`` (prefill steps of many chunks of several lengths: an offline batch's
+  first steps), ``prefill_repeats`` times.
 """
 
 from __future__ import annotations
@@ -152,6 +154,10 @@ class _Grid:
             for n in self.cfg.grid.prefill_lens:
                 self.add(n, 1)
                 steps += run_engine(self.llm, self.timer)
+            lens = itertools.cycle(self.cfg.grid.burst_lens)
+            for _ in range(self.cfg.grid.decode_batches[0]):
+                self.add(next(lens), 1)
+            steps += run_engine(self.llm, self.timer)
         return steps
 
 
