@@ -217,6 +217,7 @@ def median_rescaled(cost, steps: Sequence[TimedStep], clock: str = "wall"):
     noisy (the best constant for ``y`` is ``sum(1/y) / sum(1/y^2)``, below the median), so this is
     the same model at a level the noise does not pull down.
     """
-    ratio = float(np.median([s.seconds(clock) / cost.step_time_s(step_batch(s.shape)) for s in steps]))
+    # 1 / median(predicted / measured), not median(measured / predicted): the two differ for an even count
+    ratio = 1.0 / float(np.median([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) for s in steps]))
     scaled = {t: getattr(cost, t) * ratio for t in terms_of(cost)}
     return dataclasses.replace(cost, label=f"{cost.label}, rescaled x{ratio:.3f} to median error 0", **scaled)
