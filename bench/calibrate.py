@@ -57,8 +57,11 @@ ASSUMPTIONS = (
     "The target is the whole engine step on the wall clock (schedule + execute + update), so the "
     "scheduler's Python time is folded into the fixed and per-token terms; time between steps is not modelled.",
     "Omitted: per-block costs (copy-on-write, block-table length), the KV working set against the CPU "
-    "caches, allocator and garbage-collector pauses, thread contention and frequency changes. Neither "
-    "set preempts, so recomputation is not exercised.",
+    "caches, allocator and garbage-collector pauses, thread contention and frequency changes, and the first "
+    "touch of a fresh engine's KV pool (the grid runs on one engine, each real validation run on a fresh "
+    "one). Neither set preempts, so recomputation is not exercised. The grid's steps and the trace's are "
+    "timed a few seconds apart: a change of the machine's speed in between (other workers) moves every "
+    "step of the trace the same way, which the real-run spread does not show.",
     "The simulator runs the engine's own scheduler and block manager with its settings, so the schedule "
     "is identical step for step (checked); only the step durations differ.",
     "Noise: a shared machine (2 cores, other workers running; load averages recorded), one torch thread; "
