@@ -3,9 +3,12 @@
 ``python -m pagedbench.bench.calibrate`` (``--quick``: the tiny model and a few shapes, for tests):
 
 1. *Calibration* (:mod:`bench.calibrate_steps`): the engine of ``bench/configs/calibrate.yaml`` (the
-   ``small`` random model, fp32, torch attention) serves a grid of step shapes (decode batches of 1..32
-   at a few context lengths, prefill chunks of several sizes, mixed steps) after a warm-up; every step
-   is timed and :func:`bench.costmodel.fit_profile` fits the model's five terms to them. Reported: the
+   ``small`` random model, fp32, the CPU default ``torch-batched`` attention) serves a grid of step
+   shapes (decode batches of 1..32 at a few context lengths and at mixed lengths, prefill chunks of
+   several sizes, mixed steps) after a warm-up; every step is timed and
+   :func:`bench.costmodel.calibration.fit_batched_profile` fits the eight terms of that backend (the
+   five linear ones, its attention groups and their padding) to them; the five-term linear fit
+   (:func:`bench.costmodel.fit_profile`) is fitted beside it for comparison. Reported: the
    coefficients and the fit's relative errors (all steps, and by kind), beside the best constant.
 2. *Validation* (:mod:`bench.calibrate_validation`): a ShareGPT-like trace the grid never served, on the
    real engine twice and in the serving simulator once with the fitted model; per-request latency
@@ -38,20 +41,27 @@ from pagedbench.bench.calibrate_steps import (
     step_batch,
 )
 from pagedbench.bench.calibrate_validation import validate
-from pagedbench.bench.costmodel import StepCostModel
-from pagedbench.bench.costmodel.calibration import TERMS
+from pagedbench.bench.costmodel.calibration import terms_of
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.refengine import ModelConfig, load_model
 
 ASSUMPTIONS = (
     "Step time = fixed + c x tokens + h x sampled sequences + a x sum of decode context lengths "
-    "+ p x sum over prefill chunks of q x (cached + (q + 1) / 2): the compute side of the roofline, "
-    "linear in its terms; the memory-side terms are 0 (no separate bandwidth roof on a CPU at these sizes).",
+    "+ p x sum over prefill chunks of q x (cached + (q + 1) / 2) + g x attention groups + k x padded decode "
+    "keys + r x padded prefill pairs: the compute side of the roofline, linear in its terms; the memory-side "
+    "terms are 0 (no separate bandwidth roof on a CPU at these sizes). The groups are the batched backend's: "
+    "decodes bucketed by the power of two >= 32 at or above their length, each bucket padded to its longest "
+    "sequence (S x L keys), and every prefill chunk in one group padded to S x max query x max length.",
+    "The linear fit (the first five terms only, as fitted for the per-sequence `torch` backend before) is "
+    "fitted to the same steps and validated on the same trace, for comparison.",
     "The target is the whole engine step on the wall clock (schedule + execute + update), so the "
     "scheduler's Python time is folded into the fixed and per-token terms; time between steps is not modelled.",
     "Omitted: per-block costs (copy-on-write, block-table length), the KV working set against the CPU "
-    "caches, allocator and garbage-collector pauses, thread contention and frequency changes. Neither "
-    "set preempts, so recomputation is not exercised.",
+    "caches, allocator and garbage-collector pauses, thread contention and frequency changes, and the first "
+    "touch of a fresh engine's KV pool (the grid runs on one engine, each real validation run on a fresh "
+    "one). Neither set preempts, so recomputation is not exercised. The grid's steps and the trace's are "
+    "timed a few seconds apart: a change of the machine's speed in between (other workers) moves every "
+    "step of the trace the same way, which the real-run spread does not show.",
     "The simulator runs the engine's own scheduler and block manager with its settings, so the schedule "
     "is identical step for step (checked); only the step durations differ.",
     "Noise: a shared machine (2 cores, other workers running; load averages recorded), one torch thread; "
@@ -64,7 +74,7 @@ ASSUMPTIONS = (
 )
 
 
-def _sample_row(step: TimedStep, cost: StepCostModel) -> dict:
+def _sample_row(step: TimedStep, cost) -> dict:
     predicted = cost.step_time_s(step_batch(step.shape))
     return {"kind": step.kind, "num_tokens": step.shape.num_tokens,
             "prefill_chunks": [list(c) for c in step.shape.prefill_chunks],
@@ -73,19 +83,20 @@ def _sample_row(step: TimedStep, cost: StepCostModel) -> dict:
             "rel_error": predicted / step.step_s - 1.0}
 
 
-def _fit_section(steps: list[TimedStep], cost: StepCostModel, clock: str) -> dict:
+def _fit_section(steps: list[TimedStep], cost, clock: str) -> dict:
     constant = constant_fit(steps, clock)
     return {
         "label": cost.label,
-        "coefficients": {t: getattr(cost, t) for t in TERMS},
+        "coefficients": {t: getattr(cost, t) for t in terms_of(cost)},
         "fit_errors": fit_errors(cost, steps, clock),
         "constant_baseline": {"step_s": constant, "errors": error_summary(
             np.array([constant / s.seconds(clock) - 1.0 for s in steps]))},
     }
 
 
-def calibration_section(steps: list[TimedStep], costs: dict[str, StepCostModel], wall_s: float) -> dict:
-    """The fits (wall clock: the main one; CPU clock and the median-rescaled wall fit: diagnostics)."""
+def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float) -> dict:
+    """The fits (wall clock: the main one; CPU clock, the median-rescaled wall fit and the linear terms'
+    wall fit: diagnostics)."""
     return {
         "wall_s": wall_s,
         "num_samples": len(steps),
@@ -94,6 +105,7 @@ def calibration_section(steps: list[TimedStep], costs: dict[str, StepCostModel],
         **_fit_section(steps, costs["wall"], "wall"),
         "cpu_clock": _fit_section(steps, costs["cpu"], "cpu"),
         "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall"),
+        "linear_terms": _fit_section(steps, costs["linear"], "wall"),
         "host_share_median": float(np.median([1.0 - s.execute_s / s.step_s for s in steps])),
         "cpu_share_of_wall": sum(s.cpu_s for s in steps) / sum(s.step_s for s in steps),
         "samples": [_sample_row(s, costs["wall"]) for s in steps],
@@ -125,9 +137,10 @@ def run(cfg: CalibrateConfig) -> dict:
     steps = calibration_steps(loaded, cfg)
     costs = {"wall": fit(steps, "wall"), "cpu": fit(steps, "cpu")}
     costs["median_rescaled"] = median_rescaled(costs["wall"], steps, "wall")
+    costs["linear"] = fit(steps, "wall", batched=False)
     calibration = calibration_section(steps, costs, time.perf_counter() - start)
     start = time.perf_counter()
-    validation = validate(loaded, cfg, costs["wall"], costs["cpu"], costs["median_rescaled"])
+    validation = validate(loaded, cfg, costs["wall"], costs["cpu"], costs["median_rescaled"], costs["linear"])
     validation["wall_s"] = time.perf_counter() - start
     record = {
         "schema_version": SCHEMA_VERSION,

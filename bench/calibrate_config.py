@@ -29,7 +29,7 @@ class EngineSpec:
 
     model: str  # a name in bench/configs/models.yaml (seeded random weights)
     dtype: str  # "float32", "bfloat16", ...
-    attention_backend: str  # "torch" or "triton"
+    attention_backend: str  # "torch-batched" (the CPU default), "torch" or "triton"
     block_size: int
     num_blocks: int
     max_num_seqs: int
@@ -46,10 +46,12 @@ class GridSpec:
 
     warmup_requests: int
     decode_contexts: tuple[int, ...]  # prompt length of each decode run
+    spread_contexts: tuple[int, ...]  # one more decode run, its prompts cycling through these lengths
     decode_batches: tuple[int, ...]  # decode batch sizes a run steps down through (decreasing)
     steps_per_batch: int
     mixed_prefill_lens: tuple[int, ...]  # prompts joining a decode batch
     prefill_lens: tuple[int, ...]  # lone prompts
+    burst_lens: tuple[int, ...]  # a burst of decode_batches[0] prompts cycling through these lengths
     prefill_repeats: int
 
 
@@ -74,7 +76,7 @@ class CalibrateConfig:
 
 SECTIONS = {"engine": EngineSpec, "grid": GridSpec, "validation": ValidationSpec}
 _MAY_BE_ZERO = {"seed", "warmup_requests"}
-_CHOICES = {"attention_backend": ("torch", "triton"), "dtype": ("float32", "float16", "bfloat16"),
+_CHOICES = {"attention_backend": ("torch-batched", "torch", "triton"), "dtype": ("float32", "float16", "bfloat16"),
             "dataset": tuple(DATASETS)}
 
 
@@ -178,14 +180,16 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if g.decode_batches[0] > e.max_num_seqs:
         raise r.error("grid.decode_batches", f"{g.decode_batches[0]} sequences exceed engine.max_num_seqs "
                                              f"{e.max_num_seqs}")
-    longest = max(g.decode_contexts) + decode_run_tokens(cfg, max(g.decode_contexts))
+    widest = max(max(g.decode_contexts), max(g.spread_contexts))
+    longest = widest + decode_run_tokens(cfg, widest)
     if longest > e.max_model_len:
-        raise r.error("grid.decode_contexts", f"a decode run reaches {longest} tokens, more than "
-                                              f"engine.max_model_len {e.max_model_len}")
+        field = "grid.decode_contexts" if widest in g.decode_contexts else "grid.spread_contexts"
+        raise r.error(field, f"a decode run reaches {longest} tokens, more than "
+                             f"engine.max_model_len {e.max_model_len}")
     if g.decode_batches[0] * longest + max(g.mixed_prefill_lens) > e.num_blocks * e.block_size:
         raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold a decode "
                                            f"run ({g.decode_batches[0]} x {longest} tokens) unpreempted")
-    for name in ("prefill_lens", "mixed_prefill_lens"):
+    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens"):
         if max(getattr(g, name)) >= e.max_model_len:
             raise r.error(f"grid.{name}", f"prompts must be shorter than engine.max_model_len "
                                           f"{e.max_model_len}, got {max(getattr(g, name))}")

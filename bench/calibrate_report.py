@@ -20,6 +20,9 @@ _TERM_UNITS = {
     "lm_head_s_per_sampled_token": ("per sampled sequence", 1e6, "µs"),
     "decode_attn_s_per_context_token": ("per decode context token", 1e9, "ns"),
     "prefill_attn_s_per_pair": ("per prefill (query, key) pair", 1e9, "ns"),
+    "attn_group_s": ("per attention group", 1e6, "µs"),
+    "decode_attn_s_per_padded_key": ("per padded decode key", 1e9, "ns"),
+    "prefill_attn_s_per_padded_pair": ("per padded prefill (query, key) pair", 1e9, "ns"),
 }
 
 
@@ -49,7 +52,10 @@ def _pct(x: float) -> str:
 
 
 def _fit_tables(cal: dict) -> list[str]:
-    coef = [(label, f"{cal['coefficients'][t] * scale:.4g} {unit}") for t, (label, scale, unit) in _TERM_UNITS.items()]
+    linear = cal.get("linear_terms", {}).get("coefficients", {})
+    coef = [(label, f"{cal['coefficients'][t] * scale:.4g} {unit}",
+             f"{linear[t] * scale:.4g} {unit}" if t in linear else "-")
+            for t, (label, scale, unit) in _TERM_UNITS.items() if t in cal["coefficients"]]
     rows = []
     for kind, s in cal["fit_errors"].items():
         if s["num_samples"]:
@@ -64,7 +70,7 @@ def _fit_tables(cal: dict) -> list[str]:
         "", f"Steps by kind: {cal['num_samples_by_kind']}; decode batches up to {cal['max_decode_batch']}; "
             f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}; CPU time / wall time "
             f"of the steps: {cal['cpu_share_of_wall']:.1%}.", "",
-        tabulate(coef, ["term", "fitted cost"], tablefmt="github"), "",
+        tabulate(coef, ["term", "fitted cost", "linear terms only (for comparison)"], tablefmt="github"), "",
         "Relative error of the fit on its own samples (predicted / measured - 1):", "",
         tabulate(rows, ["steps", "n", "median abs err", "p90 abs err", "max abs err", "rms", "median (signed)"],
                  tablefmt="github"), "",
@@ -104,9 +110,11 @@ def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
 
 def _variants_table(record: dict) -> list[str]:
     cal, v = record["calibration"], record["validation"]
-    variants = (("wall clock, fit_profile (the result)", cal, v),
+    variants = (("wall clock, the fitted terms (the result)", cal, v),
                 ("wall clock, fit rescaled to median error 0", cal["median_rescaled"], v["median_rescaled"]),
-                ("CPU time (process_time), fit_profile", cal["cpu_clock"], v["cpu_clock"]))
+                ("CPU time (process_time), the same terms", cal["cpu_clock"], v["cpu_clock"]))
+    if "linear_terms" in cal:
+        variants += (("wall clock, the linear terms only (the old fit)", cal["linear_terms"], v["linear_terms"]),)
     rows = []
     for name, fit, val in variants:
         lat, errors = val["latency"], fit["fit_errors"]["all"]

@@ -13,10 +13,13 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
   in chunked steps of up to ``max_num_batched_tokens`` (prefill steps; mixed ones as the first
   sequences start decoding), then decode while requests finish in turn (request ``i`` is given
   ``max_tokens`` so that the batch steps down through ``decode_batches``, about ``steps_per_batch``
-  steps at each size); every ``steps_per_batch`` decode-only steps a fresh prompt from
-  ``mixed_prefill_lens`` joins for one step (a mixed step);
+  steps at each size), and one more whose prompts cycle through ``spread_contexts`` (decodes of
+  several lengths in one step: the batched backend's attention groups); every ``steps_per_batch``
+  decode-only steps a fresh prompt from ``mixed_prefill_lens`` joins for one step (a mixed step);
 - *lone prompts* of each of ``prefill_lens`` (``prefill_repeats`` times), ``max_tokens=1``: prefill-only
-  steps, chunked past the token budget.
+  steps, chunked past the token budget; and a *burst* of ``decode_batches[0]`` prompts cycling through
+  ``burst_lens``, ``max_tokens=1`` (prefill steps of many chunks of several lengths: an offline batch's
+  first steps), ``prefill_repeats`` times.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from pagedbench.bench.calibrate_config import CalibrateConfig, EngineSpec, decode_run_tokens
 from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
-from pagedbench.bench.costmodel.calibration import TERMS, relative_errors
+from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
+from pagedbench.bench.costmodel.calibration import fit_batched_profile, relative_errors, terms_of
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.engine.core import StepShape
 
@@ -122,15 +126,16 @@ class _Grid:
         self.add(min(e.max_num_batched_tokens, e.max_model_len - 2), 2)  # a full-budget step
         run_engine(self.llm, self.timer)
 
-    def decode_run(self, context: int) -> list[TimedStep]:
+    def decode_run(self, contexts: tuple[int, ...]) -> list[TimedStep]:
         g = self.cfg.grid
         levels = g.decode_batches
         # A request may be admitted first and decode through every prefill step of the run: give each
         # that many tokens more, so the batch stays full until the last prompt is prefilled.
-        head = decode_run_tokens(self.cfg, context) - 1 - g.steps_per_batch * len(levels)
+        head = decode_run_tokens(self.cfg, max(contexts)) - 1 - g.steps_per_batch * len(levels)
+        prompt_lens = itertools.cycle(contexts)
         for j, size in enumerate(levels):  # first-admitted requests end first
             for _ in range(size - (levels[j + 1] if j + 1 < len(levels) else 0)):
-                self.add(context, head + g.steps_per_batch * (j + 1))
+                self.add(next(prompt_lens), head + g.steps_per_batch * (j + 1))
         mixed = itertools.cycle(g.mixed_prefill_lens)
         decode_steps = 0
 
@@ -149,6 +154,10 @@ class _Grid:
             for n in self.cfg.grid.prefill_lens:
                 self.add(n, 1)
                 steps += run_engine(self.llm, self.timer)
+            lens = itertools.cycle(self.cfg.grid.burst_lens)
+            for _ in range(self.cfg.grid.decode_batches[0]):
+                self.add(next(lens), 1)
+            steps += run_engine(self.llm, self.timer)
         return steps
 
 
@@ -159,7 +168,8 @@ def calibration_steps(loaded, cfg: CalibrateConfig) -> list[TimedStep]:
     grid.warm_up()
     steps = []
     for context in cfg.grid.decode_contexts:
-        steps += grid.decode_run(context)
+        steps += grid.decode_run((context,))
+    steps += grid.decode_run(cfg.grid.spread_contexts)
     return steps + grid.lone_prompts()
 
 
@@ -177,7 +187,8 @@ def error_summary(errors: np.ndarray) -> dict[str, float | int]:
             "median_signed": float(np.median(errors))}
 
 
-def fit_errors(cost: StepCostModel, steps: Sequence[TimedStep], clock: str = "wall") -> dict[str, dict]:
+def fit_errors(cost: StepCostModel | BatchedStepCost, steps: Sequence[TimedStep],
+               clock: str = "wall") -> dict[str, dict]:
     """:func:`error_summary` of ``cost`` on ``steps``: all of them and each kind."""
     errors = relative_errors(cost, samples_of(steps, clock))
     kinds = np.array([s.kind for s in steps])
@@ -191,18 +202,22 @@ def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
     return float(np.sum(1 / y) / np.sum(1 / y ** 2))
 
 
-def fit(steps: Sequence[TimedStep], clock: str = "wall") -> StepCostModel:
-    """:func:`fit_profile` on the steps' ``clock`` durations."""
-    return fit_profile(samples_of(steps, clock), label=f"CPU engine fit to {len(steps)} timed steps ({clock} clock)")
+def fit(steps: Sequence[TimedStep], clock: str = "wall", *,
+        batched: bool = True) -> StepCostModel | BatchedStepCost:
+    """:func:`fit_batched_profile` (``batched``: the CPU default backend's eight terms) or :func:`fit_profile`
+    (the five linear terms) on the steps' ``clock`` durations."""
+    label = f"CPU engine fit to {len(steps)} timed steps ({clock} clock, {'batched' if batched else 'linear'} terms)"
+    return (fit_batched_profile if batched else fit_profile)(samples_of(steps, clock), label=label)
 
 
-def median_rescaled(cost: StepCostModel, steps: Sequence[TimedStep], clock: str = "wall") -> StepCostModel:
+def median_rescaled(cost, steps: Sequence[TimedStep], clock: str = "wall"):
     """``cost`` with every coefficient scaled so that its median relative error on ``steps`` is 0.
 
     A diagnostic: least squares on relative error under-predicts a typical step when the timings are
     noisy (the best constant for ``y`` is ``sum(1/y) / sum(1/y^2)``, below the median), so this is
     the same model at a level the noise does not pull down.
     """
-    ratio = float(np.median([s.seconds(clock) / cost.step_time_s(step_batch(s.shape)) for s in steps]))
-    scaled = {t: getattr(cost, t) * ratio for t in TERMS}
+    # 1 / median(predicted / measured), not median(measured / predicted): the two differ for an even count
+    ratio = 1.0 / float(np.median([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) for s in steps]))
+    scaled = {t: getattr(cost, t) * ratio for t in terms_of(cost)}
     return dataclasses.replace(cost, label=f"{cost.label}, rescaled x{ratio:.3f} to median error 0", **scaled)

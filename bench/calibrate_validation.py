@@ -24,6 +24,7 @@ from pagedbench.bench import workloads
 from pagedbench.bench.calibrate_config import CalibrateConfig, EngineSpec, ValidationSpec
 from pagedbench.bench.calibrate_steps import TimedStep, build_engine, error_summary, run_engine, step_batch
 from pagedbench.bench.costmodel import StepCostModel
+from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.throughput_study import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams
@@ -74,7 +75,7 @@ def serve_real(loaded, spec: EngineSpec, trace: Trace) -> Served:
                   tuple(step_of_end[r.finish_s] for r in requests))
 
 
-def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel) -> Served:
+def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | BatchedStepCost) -> Served:
     """The trace in the serving simulator, each step lasting what ``cost`` predicts for its shape."""
     shapes: list[StepShape] = []
 
@@ -126,13 +127,14 @@ def latency_comparison(a: Served, b: Served, sim: Served, spec: ValidationSpec) 
     }
 
 
-def step_errors(cost: StepCostModel, runs: tuple[Served, ...], clock: str) -> dict:
+def step_errors(cost: StepCostModel | BatchedStepCost, runs: tuple[Served, ...], clock: str) -> dict:
     """The model's relative error on every real step of ``runs`` (out of sample for the grid's fit)."""
     steps = [s for r in runs for s in r.steps]
     return error_summary(np.array([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) - 1.0 for s in steps]))
 
 
-def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel, spec: ValidationSpec) -> dict:
+def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel | BatchedStepCost,
+            spec: ValidationSpec) -> dict:
     """The wall-clock comparison: the schedules, :func:`latency_comparison`, the step errors, each request."""
     section = latency_comparison(a, b, sim, spec)
     section["makespan"]["share_inside_steps"] = [sum(s.step_s for s in r.steps) / r.makespan_s for r in (a, b)]
@@ -152,14 +154,14 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
     }
 
 
-def validate(loaded, cfg: CalibrateConfig, cost: StepCostModel, cpu_cost: StepCostModel,
-             rescaled_cost: StepCostModel) -> dict:
+def validate(loaded, cfg: CalibrateConfig, cost, cpu_cost, rescaled_cost, linear_cost=None) -> dict:
     """Serve the validation trace twice for real and in the simulator; the validation record section.
 
     The main comparison is on the wall clock with ``cost``. Two diagnostics beside it: ``cpu_clock``,
     the real runs' latencies in CPU time against the simulator on ``cpu_cost`` (fitted to the grid's CPU
     times: the model's error with most of the machine's contention taken out), and ``median_rescaled``,
-    the wall clock against ``rescaled_cost`` (``cost`` at a level without the fit's noise bias).
+    the wall clock against ``rescaled_cost`` (``cost`` at a level without the fit's noise bias); and,
+    given ``linear_cost`` (the linear terms only), ``linear_terms``: the wall clock against it.
     """
     trace = validation_trace(cfg, loaded.config.vocab_size)
     a = serve_real(loaded, cfg.engine, trace)
@@ -173,6 +175,11 @@ def validate(loaded, cfg: CalibrateConfig, cost: StepCostModel, cpu_cost: StepCo
         "label": rescaled_cost.label,
         **latency_comparison(a, b, serve_simulated(cfg.engine, trace, rescaled_cost), cfg.validation),
         "step_error": step_errors(rescaled_cost, (a, b), "wall")}
+    if linear_cost is not None:
+        section["linear_terms"] = {
+            "label": linear_cost.label,
+            **latency_comparison(a, b, serve_simulated(cfg.engine, trace, linear_cost), cfg.validation),
+            "step_error": step_errors(linear_cost, (a, b), "wall")}
     section["trace"] = {**asdict(cfg.validation), "num_requests": len(trace.prompts),
                         "mean_prompt_len": trace.mean_prompt_len, "mean_output_len": trace.mean_output_len,
                         "max_total_len": max(len(p) + o for p, o in zip(trace.prompts, trace.output_lens))}

@@ -13,6 +13,9 @@ Least squares on relative error (step times span orders of magnitude), with ever
 >= 0 by dropping a negative term and refitting. A term the samples never exercise (no prefill at all,
 say) comes back 0. The memory-side coefficients of the returned model are 0, so its step time is
 exactly this sum.
+
+:func:`fit_batched_profile` fits the same way the eight terms of the CPU default backend
+(:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups and their padding).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost, batched_term_row
 from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 
 TERMS = ("fixed_s", "linear_compute_s_per_token", "lm_head_s_per_sampled_token",
@@ -56,26 +60,47 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
-def fit_profile(samples: Sequence[StepSample], label: str | None = None) -> StepCostModel:
-    """The :class:`StepCostModel` whose step times best match ``samples`` (relative least squares)."""
-    if len(samples) < len(TERMS):
-        raise ValueError(f"need at least {len(TERMS)} samples to fit {len(TERMS)} terms, got {len(samples)}")
+def _fit(samples: Sequence[StepSample], terms: tuple[str, ...], row) -> tuple[dict[str, float], float]:
+    """Non-negative least squares on relative error: the coefficients by term, and the rms relative error."""
+    if len(samples) < len(terms):
+        raise ValueError(f"need at least {len(terms)} samples to fit {len(terms)} terms, got {len(samples)}")
     bad = [s.seconds for s in samples if not s.seconds > 0]
     if bad:
         raise ValueError(f"every sample needs seconds > 0, got {bad[:3]}")
     if any(s.batch.num_tokens == 0 for s in samples):
         raise ValueError("a sample with an empty batch cannot be fitted (an empty step costs 0 by "
                          "definition)")
-    rows = np.array([term_row(s.batch) for s in samples])
+    rows = np.array([row(s.batch) for s in samples])
     seconds = np.array([s.seconds for s in samples])
-    coef = _nonnegative_lstsq(rows / seconds[:, None], np.ones(len(samples)))  # rows / y . x ~ 1
-    fitted = dict(zip(TERMS, map(float, coef)))
+    # Columns scaled to unit norm first: the terms span ~10 orders of magnitude (1 vs key x query counts)
+    a = rows / seconds[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    coef = _nonnegative_lstsq(a / norms, np.ones(len(samples))) / norms  # rows / y . x ~ 1
     rms = float(np.sqrt(np.mean((rows @ coef / seconds - 1.0) ** 2)))
+    return dict(zip(terms, map(float, coef))), rms
+
+
+def fit_profile(samples: Sequence[StepSample], label: str | None = None) -> StepCostModel:
+    """The :class:`StepCostModel` whose step times best match ``samples`` (relative least squares)."""
+    fitted, rms = _fit(samples, TERMS, term_row)
     return StepCostModel(
         label=label or f"fit to {len(samples)} measured steps (rms relative error {rms:.1%})",
         linear_weights_s=0.0, linear_mem_s_per_token=0.0, prefill_attn_s_per_kv_token=0.0, **fitted)
 
 
-def relative_errors(cost: StepCostModel, samples: Sequence[StepSample]) -> np.ndarray:
+def fit_batched_profile(samples: Sequence[StepSample], label: str | None = None) -> BatchedStepCost:
+    """The :class:`BatchedStepCost` whose step times best match ``samples`` (relative least squares)."""
+    fitted, rms = _fit(samples, BATCHED_TERMS, batched_term_row)
+    return BatchedStepCost(label=label or f"fit to {len(samples)} measured steps (rms relative error {rms:.1%})",
+                           **fitted)
+
+
+def terms_of(cost: StepCostModel | BatchedStepCost) -> tuple[str, ...]:
+    """The fitted terms of ``cost``: :data:`BATCHED_TERMS` or :data:`TERMS`."""
+    return BATCHED_TERMS if isinstance(cost, BatchedStepCost) else TERMS
+
+
+def relative_errors(cost: StepCostModel | BatchedStepCost, samples: Sequence[StepSample]) -> np.ndarray:
     """predicted / measured - 1 for each sample."""
     return np.array([cost.step_time_s(s.batch) / s.seconds - 1.0 for s in samples])

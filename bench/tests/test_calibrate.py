@@ -16,7 +16,8 @@ from pagedbench.bench.calibrate_config import CONFIG, load_config
 from pagedbench.bench.calibrate_report import write_atomic
 from pagedbench.bench.calibrate_steps import step_batch
 from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
-from pagedbench.bench.costmodel import ProfileError, StepBatch, StepCostModel
+from pagedbench.bench.costmodel import ProfileError, StepBatch
+from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
 from pagedbench.bench.costmodel.calibration import TERMS
 from pagedbench.refengine import ModelConfig, load_model
 from pagedbench.refengine.engine.core import StepShape
@@ -29,9 +30,8 @@ def quick_run(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out / "calibration.json").read_text())
 
 
-def _cost(coefficients: dict[str, float]) -> StepCostModel:
-    return StepCostModel(label="from the record", linear_weights_s=0.0, linear_mem_s_per_token=0.0,
-                         prefill_attn_s_per_kv_token=0.0, **coefficients)
+def _cost(coefficients: dict[str, float]) -> BatchedStepCost:
+    return BatchedStepCost(label="from the record", **coefficients)
 
 
 def _batch(sample: dict) -> StepBatch:
@@ -46,8 +46,9 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     assert record["config"]["quick"] and record["config"]["engine"]["model"] == "tiny"
     assert len(record["machine_load"]["loadavg_before"]) == 3
     cal = record["calibration"]
-    assert set(cal["coefficients"]) == set(TERMS)
-    assert cal["num_samples"] == len(cal["samples"]) >= len(TERMS)
+    assert tuple(cal["coefficients"]) == BATCHED_TERMS  # the default backend's groups and padding
+    assert tuple(cal["linear_terms"]["coefficients"]) == TERMS  # the old five-term fit beside it
+    assert cal["num_samples"] == len(cal["samples"]) >= len(BATCHED_TERMS)
     assert all(cal["num_samples_by_kind"][k] > 0 for k in ("decode", "prefill", "mixed"))
     assert cal["fit_errors"]["all"]["num_samples"] == cal["num_samples"]
     v = record["validation"]
@@ -59,9 +60,10 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     errors = [r["rel_error"] for r in v["requests"]]
     assert lat["median_abs_rel_error"] == pytest.approx(float(np.median(np.abs(errors))))
     assert v["makespan"]["sim_s"] > 0 and record["assumptions"]
-    for diagnostic in ("cpu_clock", "median_rescaled"):  # the same comparison, another clock or level
+    assert record["config"]["engine"]["attention_backend"] == "torch-batched"
+    for diagnostic in ("cpu_clock", "median_rescaled", "linear_terms"):  # another clock, level or model
         assert v[diagnostic]["latency"].keys() == lat.keys() and len(v[diagnostic]["quantiles"]) == 3
-        assert set(cal[diagnostic]["coefficients"]) == set(TERMS)
+        assert len(cal[diagnostic]["coefficients"]) == len(TERMS if diagnostic == "linear_terms" else BATCHED_TERMS)
     assert cal["median_rescaled"]["fit_errors"]["all"]["median_signed"] == pytest.approx(0.0, abs=1e-9)
     assert record["validity"]["valid"] == (lat["goal_met"] and v["schedule"]["same_steps"])
     md = (out / "calibration.md").read_text()
@@ -95,7 +97,7 @@ def test_the_schedule_check_catches_a_different_schedule():
                         dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
     trace = validation_trace(cfg, loaded.config.vocab_size)
     real = serve_real(loaded, e, trace)
-    cost = _cost(dict(zip(TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8))))
+    cost = _cost(dict(zip(BATCHED_TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8, 1e-4, 1e-7, 1e-8))))
     same = serve_simulated(e, trace, cost)
     assert same.shapes == real.shapes
     # each request's finish step: its wall latency holds the steps' own time up to it (and the moments
@@ -134,6 +136,8 @@ def _bad_config(tmp_path: Path, edit) -> Path:
     (lambda r: r["quick"]["grid"].update(steps_per_batch=0), True, "quick.grid.steps_per_batch", ">= 1, got 0"),
     (lambda r: r["grid"].update(decode_batches=[4, 8]), False, "grid.decode_batches", "decreasing"),
     (lambda r: r["engine"].update(num_blocks=8), False, "engine.num_blocks", "unpreempted"),
+    (lambda r: r["grid"].update(spread_contexts=[16, 1000]), False, "grid.spread_contexts", "more than engine.max"),
+    (lambda r: r["engine"].update(attention_backend="cuda"), False, "engine.attention_backend", "torch-batched"),
 ])
 def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, problem):
     path = _bad_config(tmp_path, edit)
