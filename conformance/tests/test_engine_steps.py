@@ -36,3 +36,11 @@ def test_scenario_without_its_feature_is_refused(name, change):
     scenario = next(s for s in engine_steps.SCENARIOS if s.name == name)
     with pytest.raises(AssertionError, match=f"no step shows {scenario.feature!r}"):
         engine_steps.record(dataclasses.replace(scenario, **change))
+
+
+def test_the_family_reaches_both_attention_calls():
+    """The engine sends a step of single-token chunks to paged_decode and any other to paged_prefill; the
+    replayed runs hold both kinds, with blocks shared across sequences in each."""
+    steps = [s for sc in engine_steps.SCENARIOS for s in engine_steps.record(sc)]
+    assert any(s.decode_only and s.shares_blocks for s in steps)
+    assert any(not s.decode_only and s.shares_blocks for s in steps)
