@@ -103,8 +103,9 @@ def replay(impl, case: EngineCase) -> int:
                                      scale=scale, out=out)
             ref = oracle.prefill(q, truth_k, truth_v, tables, seq_lens, cu, scale=scale)
         op = "decode" if step.decode_only else "prefill"
-        checks.check_tensor(got, ref.out, dtype, rel=tol.rel, max_abs=tol.max_abs, what=f"{op}_out",
-                            context=context)
+        for what, tensor in ((f"{op}_out", got), (f"{op}_out_buffer", out)):  # returned, and written to out=
+            checks.check_tensor(tensor, ref.out, dtype, rel=tol.rel, max_abs=tol.max_abs, what=what,
+                                context=context)
     return len(steps)
 
 
