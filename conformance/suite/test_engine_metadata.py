@@ -103,6 +103,8 @@ def replay(impl, case: EngineCase) -> int:
                                      scale=scale, out=out)
             ref = oracle.prefill(q, truth_k, truth_v, tables, seq_lens, cu, scale=scale)
         op = "decode" if step.decode_only else "prefill"
+        if not torch.isfinite(ref.out).all():  # the engine's own metadata is wrong, whatever the implementation
+            raise AssertionError(f"{context}: the step's tables reach a slot its slot mappings never wrote")
         for what, tensor in ((f"{op}_out", got), (f"{op}_out_buffer", out)):  # returned, and written to out=
             checks.check_tensor(tensor, ref.out, dtype, rel=tol.rel, max_abs=tol.max_abs, what=what,
                                 context=context)
