@@ -5,10 +5,12 @@ prefill) on the :class:`SimulatedExecutor` (no model: filler tokens), with the e
 :class:`HostBlockTables` building each step's inputs exactly as the model executor does. Every step's
 block tables, slot mapping, ``seq_lens``, ``cu_seqlens_q`` and copy-on-write copies are kept, so a suite
 can replay them on any implementation: the metadata an engine really hands a kernel, not metadata a
-test composed. What only such metadata has:
+test composed. What such metadata has that composed cases mostly lack:
 
+* several copy-on-write copies of one source block in one step (the children of an ``n > 1`` request
+  appending into the last block they share);
 * two sequences of one batch reading the same physical blocks (a prefix hit while its donor still
-  runs; the children of an ``n > 1`` request after a fork);
+  runs; the children of a fork), step after step;
 * tables exactly as wide as the longest sequence needs (no spare column), padded with ``PAD_BLOCK_ID``;
 * chunks that start where the last one ended, decodes and prefill chunks in one batch;
 * blocks freed by a preemption and handed to other sequences, the preempted one recomputed elsewhere.
