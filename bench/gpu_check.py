@@ -14,7 +14,8 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
 4. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
 5. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
    contexts (to 32K), and of GQA groups 12 and 16 (fp16 cases: a GPU path the interpreter cannot reach),
-   and the attention-state merge with cascade cases (see :data:`FAMILY_ARGS`).
+   the attention-state merge with cascade cases, and the steps of engine runs (prefix hits, chunked prefill,
+   forks, preemption) with the metadata our scheduler built (see :data:`FAMILY_ARGS`).
 
 Without a GPU it refuses, exit status 2, having checked nothing.
 """
@@ -136,8 +137,8 @@ def check_calibration(out: Path) -> dict:
 
 #: the suite modules and case filters of the ``families`` check (--case: any of these in the test id)
 FAMILY_ARGS = ("conformance/suite/test_long_context.py", "conformance/suite/test_gqa_groups.py",
-               "conformance/suite/test_merge_states.py", "-m", "not micro", "--case", "fp16", "--case",
-               "test_merge_states")
+               "conformance/suite/test_merge_states.py", "conformance/suite/test_engine_metadata.py", "-m",
+               "not micro", "--case", "fp16", "--case", "test_merge_states")
 
 
 def check_families(out: Path) -> dict:

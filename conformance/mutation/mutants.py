@@ -242,6 +242,21 @@ class Fp8PrefixUnscaled(_Mutant):
         return torch.where((key_pos < first_query)[:, None, None], values, values * scale)
 
 
+@register("mutant-one-copy-per-source")
+class OneCopyPerSource(_Mutant):
+    """copy_blocks keys its pairs by source block (a ``{src: dst}`` map, where vLLM's old interface took
+    ``{src: [dst, ...]}``): right while every pair has its own source, wrong when the children of an
+    ``n > 1`` request copy the one last block they share in the same step, as the engine's copy-on-write
+    does; all but one child then read a block nobody wrote."""
+
+    breaks = "engine_metadata"
+
+    def copy_blocks(self, k_cache, v_cache, pairs):
+        by_source = dict(pairs.tolist())  # a later pair of a source replaces an earlier one
+        kept = torch.tensor(list(by_source.items()), dtype=torch.int64).reshape(-1, 2)
+        super().copy_blocks(k_cache, v_cache, kept)
+
+
 @register("mutant-swapped-blocks")
 class SwappedBlocks(_Mutant):
     """Logical blocks 0 and 1 read each other's physical block."""

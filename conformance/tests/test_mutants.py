@@ -27,6 +27,8 @@ SUITES = {
                  "test_metamorphic.py"],
     # the newer families, cheapest first: each mutant there dies in the first module that covers it
     "merge_and_shapes": ["test_merge_states.py", "test_fp8_kv.py", "test_gqa_groups.py", "test_long_context.py"],
+    # metadata from our engine's scheduler: blocks shared across a batch, tables with no spare column
+    "engine_metadata": ["test_engine_metadata.py"],
     "block_manager": ["test_block_manager.py", "test_block_manager_scenarios.py",
                       "test_copy_on_write_data.py", "test_block_manager_stateful.py"],
 }
