@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
-from pagedbench.refengine.model.attention_backend import PAD_BLOCK_ID
+from pagedbench.refengine.kv.table_padding import PAD_BLOCK_ID
 
 
 @dataclass(frozen=True, slots=True)

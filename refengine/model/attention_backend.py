@@ -26,11 +26,9 @@ from typing import Protocol
 import numpy as np
 import torch
 from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.kv.table_padding import PAD_BLOCK_ID
 from pagedbench.refengine.model.batch_invariance import attend_fixed_order
 from pagedbench.refengine.model.batched_attention import PaddedLayout, attend, build_padded_layout, store_kv
-
-#: block-table entries past a sequence's last block (never read by the kernels)
-PAD_BLOCK_ID = 0
 
 
 @dataclass(frozen=True, slots=True)
