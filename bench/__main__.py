@@ -17,7 +17,7 @@ STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", 
            "load_speed", "beam_study")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
             "serve-sim": "serve_sim", "loadgen": "loadgen",
-            "server_overhead": "server_overhead"}
+            "server_overhead": "server_overhead", "calibrate_online": "calibrate_online"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,53 @@
+"""``results/calibration_online.md``: the online check's record as Markdown."""
+
+from __future__ import annotations
+
+from pagedbench.bench.environment import environment_markdown
+
+_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2E"}
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def _rate_section(r: dict) -> list[str]:
+    lines = [f"### {r['name'].replace('_', ' ')}: {r['rate_per_s']:.2f} requests/s "
+             f"({r['fraction_of_saturation']:.0%} of saturation), last arrival at {r['last_arrival_s']:.1f} s", "",
+             "| metric | median per-request error | real runs' spread | goal | met | p50 error (spread) | "
+             "p90 error (spread) | p99 error (spread) | KS sim-a / sim-b | KS a-b |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in r["metrics"].items():
+        q = " | ".join(f"{_pct(x['rel_error'])} ({x['real_spread']:.1%})" for x in m["quantiles"])
+        ks = m["ks"]
+        lines.append(f"| {_NAMES[name]} | {m['median_abs_rel_error']:.1%} (signed {_pct(m['median_signed_rel_error'])})"
+                     f" | {m['real_spread_median']:.1%} | {m['goal']:.1%} | {'yes' if m['goal_met'] else 'NO'} | {q} | "
+                     f"{ks['sim_vs_real_a']:.2f} / {ks['sim_vs_real_b']:.2f} | {ks['real_a_vs_real_b']:.2f} |")
+    return [*lines, ""]
+
+
+def render_markdown(record: dict) -> str:
+    c, load = record["config"], record["machine_load"]
+    lines = [
+        "# The simulator checked online: calibrated step-cost model vs the real CPU engine", "",
+        f"Engine: `{c['engine']['model']}` model, `{c['engine']['attention_backend']}` attention, "
+        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`).",
+        f"Trace: {c['num_requests']} ShareGPT-like requests (lengths x {c['length_scale']}: mean prompt "
+        f"{c['mean_prompt_len']:.0f}, mean output {c['mean_output_len']:.0f} tokens), Poisson arrivals (seed "
+        f"{c['arrival_seed']}). Saturation rate (the fitted model, the trace as one offline batch): "
+        f"{record['saturation_rate_per_s']:.1f} requests/s.",
+        f"Each rate: the real engine twice on the wall clock (requests queued as their arrival time passes), the "
+        f"simulator once on the same arrivals. Errors are the simulator's against the mean of the two real runs; "
+        f"the spread is |a - b| / mean of the real runs. Goal per metric: median per-request error <= "
+        f"max({c['goal_floor']:.0%}, {c['goal_spread_factor']} x the spread).", "",
+        f"**Goal {'met' if record['goal_met'] else 'NOT met'}** for every metric at both rates "
+        f"(median of the six median errors: {record['median_abs_rel_error_all']:.1%}).", "",
+        f"Run: {record['run_wall_s']:.0f} s of wall time; load average before {load['loadavg_before'][0]:.2f}, "
+        f"after {load['loadavg_after'][0]:.2f} on {load['cpu_count']} CPUs.", "",
+    ]
+    for r in record["rates"]:
+        lines += _rate_section(r)
+    lines += ["KS: the two-sample Kolmogorov-Smirnov statistic (largest gap between empirical CDFs); the real runs' "
+              "own KS is the noise floor it is read against. TPOT leaves out one-token outputs.", "",
+              environment_markdown(record["environment"]), ""]
+    return "\n".join(lines)

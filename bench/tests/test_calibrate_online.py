@@ -1,0 +1,130 @@
+"""The online check's pieces: the KS statistic against hand-computed values, and the real-time serving loop
+against the simulator on an engine whose steps take a constant simulated time (they must agree exactly)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from pagedbench.bench import calibrate_online
+from pagedbench.bench.calibrate_config import CONFIG, load_config
+from pagedbench.bench.calibrate_online import load_cost, serve_online, serve_simulated_online
+from pagedbench.bench.online_compare import compare_runs, ks_statistic
+from pagedbench.bench.serving_sim import AllocatorSpec, _manager, constant_step
+from pagedbench.bench.throughput_study import Trace
+from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
+from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    ([1.0, 2.0, 3.0], [2.5, 4.0], 2 / 3),  # CDFs at 2: 2/3 against 0
+    ([3.0, 1.0, 2.0], [4.0, 2.5], 2 / 3),  # unsorted input: the same samples
+    ([1.0, 2.0, 2.0, 3.0], [2.0, 2.0, 2.0, 5.0], 0.25),  # ties: at 1 (1/4 vs 0) and at 3 (1 vs 3/4)
+    ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0], 2 / 3),  # at 1: 1 against 1/3
+    ([0.5, 0.7], [0.6, 0.8], 0.5),  # interleaved: at 0.5, 1/2 vs 0
+    ([1.0, 2.0], [3.0, 4.0, 5.0], 1.0),  # disjoint
+    ([2.0, 1.0, 3.0], [1.0, 2.0, 3.0], 0.0),  # the same sample
+])
+def test_ks_statistic_hand_computed(a, b, expected) -> None:
+    assert ks_statistic(a, b) == pytest.approx(expected)
+    assert ks_statistic(b, a) == pytest.approx(expected)
+
+
+def test_ks_statistic_refuses_empty_or_non_finite() -> None:
+    with pytest.raises(ValueError, match="sizes 0 and 2"):
+        ks_statistic([], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        ks_statistic([1.0, float("nan")], [1.0])
+
+
+def _spec():
+    return dataclasses.replace(load_config(CONFIG, quick=True).engine, num_blocks=64, max_num_seqs=4,
+                               max_num_batched_tokens=64)
+
+
+def _stub_core(spec, step_s: float) -> EngineCore:
+    """An engine with the simulator's scheduler settings whose every step lasts ``step_s`` simulated seconds."""
+    sim_cfg = calibrate_online._sim_config(spec)
+    bm = _manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
+    sched = Scheduler(bm, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                      stop=StopRule(frozenset(), spec.max_model_len), policy="mixed",
+                      prefix_caching=spec.enable_prefix_caching, watermark_blocks=0)
+    return EngineCore(sched, SimulatedExecutor(constant_step(step_s)), clock=SimClock(1024.0))
+
+
+def _trace(n: int = 10) -> tuple[Trace, list[float]]:
+    rng = np.random.default_rng(0)
+    prompts = tuple(tuple(rng.integers(0, 100, int(k)).tolist()) for k in rng.integers(3, 90, n))
+    outputs = tuple(int(k) for k in rng.integers(1, 12, n))
+    # a burst (queueing, chunked prefill), then gaps longer than the work (idle waits)
+    arrivals = np.cumsum(np.r_[rng.exponential(0.002, n // 2), rng.exponential(0.3, n - n // 2)])
+    # multiples of 2^-10 s, and steps of 2^-7 s: every clock reading is exact, so times compare with ==
+    return Trace(prompts, outputs), (np.round(arrivals * 1024) / 1024).tolist()
+
+
+STEP_S = 1 / 128
+
+
+def test_serve_online_on_a_constant_step_engine_agrees_with_the_simulator_exactly() -> None:
+    spec, (trace, arrivals) = _spec(), _trace()
+    runs = []
+    for _ in range(2):
+        core = _stub_core(spec, STEP_S)
+        runs.append(serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to))
+    sim = serve_simulated_online(spec, trace, arrivals, constant_step(STEP_S))
+    assert runs[0] == sim  # arrivals, first scheduling and every token time
+    assert max(t.token_times_s[0] - t.arrival_s for t in sim) > 2 * STEP_S  # the burst queued: the case is not trivial
+    result = compare_runs(*runs, sim, goal_floor=0.1, goal_spread_factor=1.5)
+    for name in ("ttft", "tpot", "e2el"):
+        m = result[name]
+        assert m["median_abs_rel_error"] == 0 and m["real_spread_median"] == 0 and m["goal_met"]
+        assert all(q["rel_error"] == 0 for q in m["quantiles"])
+        assert m["ks"] == {"sim_vs_real_a": 0.0, "sim_vs_real_b": 0.0, "real_a_vs_real_b": 0.0}
+
+
+def test_compare_sees_a_simulator_ten_percent_slow() -> None:
+    spec, (trace, arrivals) = _spec(), _trace()
+    core = _stub_core(spec, STEP_S)
+    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to)
+    sim = serve_simulated_online(spec, trace, arrivals, constant_step(1.1 * STEP_S))
+    result = compare_runs(real, real, sim, goal_floor=0.05, goal_spread_factor=1.5)
+    tpot = result["tpot"]  # one token per step once decoding: TPOT is the step time
+    assert tpot["median_signed_rel_error"] == pytest.approx(0.1)
+    assert all(q["rel_error"] == pytest.approx(0.1) for q in tpot["quantiles"])
+    assert tpot["ks"]["sim_vs_real_a"] == 1.0 and not tpot["goal_met"] and tpot["goal"] == 0.05
+    assert result["e2el"]["median_signed_rel_error"] > 0.05
+
+
+def test_serve_online_and_compare_refuse_bad_input(tmp_path) -> None:
+    spec, (trace, arrivals) = _spec(), _trace(4)
+    core = _stub_core(spec, STEP_S)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        serve_online(core, arrivals[::-1], trace.prompts, trace.output_lens, core.clock.advance_to)
+    with pytest.raises(ValueError, match="got 3, 4 and 4"):
+        serve_online(core, arrivals[:3], trace.prompts, trace.output_lens, core.clock.advance_to)
+    assert not core.has_unfinished()
+    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to)
+    with pytest.raises(ValueError, match="unfinished"):
+        compare_runs(real, real, (dataclasses.replace(real[0], token_times_s=()), *real[1:]),
+                     goal_floor=0.1, goal_spread_factor=1.5)
+    record = tmp_path / "calibration.json"
+    record.write_text(json.dumps({"config": {"engine": {"model": "other"}}}))
+    with pytest.raises(ValueError, match="calibrated on engine"):
+        load_cost(record, spec)
+
+
+def test_compare_reads_the_error_against_the_mean_of_two_real_runs_and_their_spread() -> None:
+    spec, (trace, arrivals) = _spec(), _trace()
+    real = []
+    for step_s in (STEP_S, 1.2 * STEP_S):  # two "real" runs 20% apart
+        core = _stub_core(spec, step_s)
+        real.append(serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to))
+    sim = serve_simulated_online(spec, trace, arrivals, constant_step(1.1 * STEP_S))
+    tpot = compare_runs(*real, sim, goal_floor=0.1, goal_spread_factor=1.5)["tpot"]
+    assert tpot["median_abs_rel_error"] == pytest.approx(0.0, abs=1e-9)  # the mean of the two: 1.1 x step
+    assert tpot["real_spread_median"] == pytest.approx(0.2 / 1.1)
+    assert tpot["goal"] == pytest.approx(1.5 * 0.2 / 1.1) and tpot["goal_met"]
+    assert tpot["quantiles"][0]["real_spread"] == pytest.approx(0.2 / 1.1)
+    assert tpot["ks"]["real_a_vs_real_b"] == 1.0
