@@ -128,3 +128,28 @@ def test_compare_reads_the_error_against_the_mean_of_two_real_runs_and_their_spr
     assert tpot["goal"] == pytest.approx(1.5 * 0.2 / 1.1) and tpot["goal_met"]
     assert tpot["quantiles"][0]["real_spread"] == pytest.approx(0.2 / 1.1)
     assert tpot["ks"]["real_a_vs_real_b"] == 1.0
+
+
+def test_report_states_the_goal_and_every_metric_row() -> None:
+    from pagedbench.bench.environment import environment
+    from pagedbench.bench.online_report import render_markdown
+
+    spec, (trace, arrivals) = _spec(), _trace()
+    core = _stub_core(spec, STEP_S)
+    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to)
+    sim = serve_simulated_online(spec, trace, arrivals, constant_step(1.1 * STEP_S))
+    metrics = compare_runs(real, real, sim, goal_floor=0.05, goal_spread_factor=1.5)
+    record = {"config": {"engine": dataclasses.asdict(spec), "cost_model": {"label": "stub"}, "calibration": "x",
+                         "num_requests": 10, "length_scale": 1.0, "mean_prompt_len": 40.0, "mean_output_len": 6.0,
+                         "arrival_seed": 0, "goal_floor": 0.05, "goal_spread_factor": 1.5},
+              "saturation_rate_per_s": 9.0, "run_wall_s": 1.0, "goal_met": False, "median_abs_rel_error_all": 0.1,
+              "machine_load": {"cpu_count": 2, "loadavg_before": [1.0, 1, 1], "loadavg_after": [2.0, 1, 1]},
+              "environment": environment(),
+              "rates": [{"name": "low", "fraction_of_saturation": 0.15, "rate_per_s": 1.35, "last_arrival_s": 2.0,
+                         "metrics": metrics}]}
+    text = render_markdown(record)
+    assert "**Goal NOT met**" in text
+    tpot_row = next(line for line in text.splitlines() if line.startswith("| TPOT |"))
+    assert "| 10.0% (signed +10.0%) | 0.0% | 5.0% | NO | +10.0% (0.0%) |" in tpot_row
+    assert tpot_row.endswith("| 1.00 / 1.00 | 0.00 |")
+    assert "| TTFT |" in text and "| E2E |" in text
