@@ -121,6 +121,17 @@ def serve_simulated_online(spec: EngineSpec, trace: Trace, arrivals_s: Sequence[
     return tuple(sorted(result.requests, key=lambda t: t.request_id))
 
 
+def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
+    """Wall seconds in which at least one request was in the engine (the union of arrival..last token)."""
+    spans = sorted((t.arrival_s, t.token_times_s[-1]) for t in timings)
+    busy, end = 0.0, -1.0
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return min(busy, run_wall_s)
+
+
 def load_cost(path: Path, spec: EngineSpec) -> BatchedStepCost:
     """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine."""
     record = json.loads(Path(path).read_text())
@@ -154,14 +165,19 @@ def run(config: Path, calibration: Path) -> dict:
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
         arrivals = arrival_times("poisson", NUM_REQUESTS, rate, seed=ARRIVAL_SEED).tolist()
-        real = []
+        real, cpu_share = [], []
         for _ in range(2):
             llm, _ = build_engine(loaded, spec)
+            wall0, cpu0 = time.perf_counter(), time.process_time()
             real.append(serve_online(llm.core, arrivals, trace.prompts, trace.output_lens,
                                      wall_wait_until(llm.core.clock)))
+            # the share of a core the run got while it had work (idle sleeps take no CPU): the calibration's
+            # steps ran at about 1.0, so a lower share says other processes took the core
+            busy_s = _busy_wall_s(real[-1], time.perf_counter() - wall0)
+            cpu_share.append((time.process_time() - cpu0) / busy_s if busy_s > 0 else None)
         sim = serve_simulated_online(spec, trace, arrivals, step_time_s)
         rates.append({"name": name, "fraction_of_saturation": fraction, "rate_per_s": rate,
-                      "last_arrival_s": arrivals[-1],
+                      "last_arrival_s": arrivals[-1], "real_cpu_share_while_busy": cpu_share,
                       "metrics": compare_runs(*real, sim, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR),
                       "requests": {"real_a": [asdict(t) for t in real[0]], "real_b": [asdict(t) for t in real[1]],
                                    "sim": [asdict(t) for t in sim]}})

@@ -79,7 +79,7 @@ def test_serve_online_on_a_constant_step_engine_agrees_with_the_simulator_exactl
     result = compare_runs(*runs, sim, goal_floor=0.1, goal_spread_factor=1.5)
     for name in ("ttft", "tpot", "e2el"):
         m = result[name]
-        assert m["median_abs_rel_error"] == 0 and m["real_spread_median"] == 0 and m["goal_met"]
+        assert m["median_abs_rel_error"] == 0 and m["real_spread_median"] == 0 and m["goal_met"] and m["floor_met"]
         assert all(q["rel_error"] == 0 for q in m["quantiles"])
         assert m["ks"] == {"sim_vs_real_a": 0.0, "sim_vs_real_b": 0.0, "real_a_vs_real_b": 0.0}
 
@@ -94,6 +94,7 @@ def test_compare_sees_a_simulator_ten_percent_slow() -> None:
     assert tpot["median_signed_rel_error"] == pytest.approx(0.1)
     assert all(q["rel_error"] == pytest.approx(0.1) for q in tpot["quantiles"])
     assert tpot["ks"]["sim_vs_real_a"] == 1.0 and not tpot["goal_met"] and tpot["goal"] == 0.05
+    assert not tpot["floor_met"] and result["ttft"]["floor_met"] == (result["ttft"]["median_abs_rel_error"] <= 0.05)
     assert result["e2el"]["median_signed_rel_error"] > 0.05
 
 
@@ -149,7 +150,19 @@ def test_report_states_the_goal_and_every_metric_row() -> None:
                          "metrics": metrics}]}
     text = render_markdown(record)
     assert "**Goal NOT met**" in text
+    floor_met = sum(m["floor_met"] for m in metrics.values())
+    assert f"Against the 5% floor alone (the goal without the spread's allowance): met for {floor_met} of 3." in text
     tpot_row = next(line for line in text.splitlines() if line.startswith("| TPOT |"))
     assert "| 10.0% (signed +10.0%) | 0.0% | 5.0% | NO | +10.0% (0.0%) |" in tpot_row
     assert tpot_row.endswith("| 1.00 / 1.00 | 0.00 |")
     assert "| TTFT |" in text and "| E2E |" in text
+
+
+def test_busy_wall_time_is_the_union_of_the_requests_spans() -> None:
+    from pagedbench.bench.calibrate_online import _busy_wall_s
+    from pagedbench.bench.serving_metrics import RequestTiming
+
+    spans = [(0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (3.0, 4.0)]  # overlapping, nested, apart: 2 + 1
+    timings = [RequestTiming(i, a, 1, 1, a, (b,)) for i, (a, b) in enumerate(spans)]
+    assert _busy_wall_s(timings, 10.0) == pytest.approx(3.0)
+    assert _busy_wall_s(timings, 2.5) == 2.5
