@@ -132,6 +132,14 @@ def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
     return min(busy, run_wall_s)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (records do not name a machine's folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS_DIR.resolve().parent))
+    except ValueError:
+        return str(path)
+
+
 def load_cost(path: Path, spec: EngineSpec) -> BatchedStepCost:
     """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine."""
     record = json.loads(Path(path).read_text())
@@ -185,7 +193,7 @@ def run(config: Path, calibration: Path) -> dict:
         "schema_version": SCHEMA_VERSION,
         "study": "calibration_online",
         "environment": environment(),
-        "config": {"path": str(config), "calibration": str(calibration), "engine": asdict(spec),
+        "config": {"path": _shown(config), "calibration": _shown(calibration), "engine": asdict(spec),
                    "cost_model": asdict(cost), "num_requests": NUM_REQUESTS, "length_scale": LENGTH_SCALE,
                    "trace_seed": TRACE_SEED, "arrival_seed": ARRIVAL_SEED, "goal_floor": GOAL_FLOOR,
                    "goal_spread_factor": GOAL_SPREAD_FACTOR,
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibration", type=Path, default=RESULTS_DIR / "calibration.json",
                         help="the calibration record whose fitted model is checked")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
+    parser.add_argument("--full", action="store_true", help="accepted for `python -m pagedbench.bench --full`")
     args = parser.parse_args(argv)
     record = run(args.config, args.calibration)
     args.out.mkdir(parents=True, exist_ok=True)

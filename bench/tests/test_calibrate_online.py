@@ -149,7 +149,7 @@ def test_report_states_the_goal_and_every_metric_row() -> None:
               "rates": [{"name": "low", "fraction_of_saturation": 0.15, "rate_per_s": 1.35, "last_arrival_s": 2.0,
                          "metrics": metrics}]}
     text = render_markdown(record)
-    assert "**Goal NOT met**" in text
+    assert f"**Goal NOT met** (met for {sum(m['goal_met'] for m in metrics.values())} of 3 metrics x rates;" in text
     floor_met = sum(m["floor_met"] for m in metrics.values())
     assert f"Against the 5% floor alone (the goal without the spread's allowance): met for {floor_met} of 3." in text
     tpot_row = next(line for line in text.splitlines() if line.startswith("| TPOT |"))
