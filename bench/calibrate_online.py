@@ -45,7 +45,7 @@ from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.throughput_study import Trace, Workload, make_trace
 from pagedbench.refengine import ModelConfig, SamplingParams, load_model
-from pagedbench.refengine.engine.core import EngineCore
+from pagedbench.refengine.engine.core import EngineCore, StepReport, StepShape
 
 #: the trace and the two rates (fractions of the fitted model's saturation rate); small, so the whole
 #: check (four real runs) takes well under two minutes
@@ -64,11 +64,13 @@ def wall_wait_until(clock) -> Callable[[float], None]:
 
 
 def serve_online(core: EngineCore, arrivals_s: Sequence[float], prompts: Sequence[Sequence[int]],
-                 output_lens: Sequence[int], wait_until: Callable[[float], None]) -> tuple[RequestTiming, ...]:
+                 output_lens: Sequence[int], wait_until: Callable[[float], None],
+                 on_step: Callable[[StepReport], None] | None = None) -> tuple[RequestTiming, ...]:
     """Serve request ``i`` (``prompts[i]``, exactly ``output_lens[i]`` tokens) arriving ``arrivals_s[i]``
     seconds after the start, on ``core``'s clock: queue each request once its time has passed, otherwise
     step, or ``wait_until`` the next arrival when nothing runs. Times are seconds from the start; a
-    request's arrival is its scheduled time, so a late pick-up by the loop counts as its queueing."""
+    request's arrival is its scheduled time, so a late pick-up by the loop counts as its queueing.
+    ``on_step(report)`` sees every step."""
     if not len(arrivals_s) == len(prompts) == len(output_lens):
         raise ValueError(f"expected one arrival, prompt and output length per request, got "
                          f"{len(arrivals_s)}, {len(prompts)} and {len(output_lens)}")
@@ -92,6 +94,8 @@ def serve_online(core: EngineCore, arrivals_s: Sequence[float], prompts: Sequenc
             wait_until(start + arrivals_s[pending[0]])
             continue
         report = core.step()
+        if on_step is not None:
+            on_step(report)
         for c in report.output.chunks:
             i = index_of.get(c.seq.seq_id)
             if i is not None and i not in first:
@@ -130,6 +134,15 @@ def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
             busy += b - max(a, end)
             end = b
     return min(busy, run_wall_s)
+
+
+def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[StepShape], float]) -> dict:
+    """The model's relative error on the real runs' own steps (it separates a step model that is off from time
+    the loop spends between steps, which the simulator does not model)."""
+    error = np.array([step_time_s(shape) / seconds - 1.0 for shape, seconds in steps])
+    return {"num_steps": len(steps), "median_rel_error": float(np.median(error)),
+            "median_abs_rel_error": float(np.median(np.abs(error))),
+            "predicted_over_measured_total": sum(step_time_s(s) for s, _ in steps) / sum(t for _, t in steps)}
 
 
 def _shown(path: Path) -> str:
@@ -173,12 +186,13 @@ def run(config: Path, calibration: Path) -> dict:
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
         arrivals = arrival_times("poisson", NUM_REQUESTS, rate, seed=ARRIVAL_SEED).tolist()
-        real, cpu_share = [], []
+        real, cpu_share, steps = [], [], []
+        record_step = lambda r, steps=steps: steps.append((StepShape.of(r.output), r.end_s - r.start_s))  # noqa: E731
         for _ in range(2):
             llm, _ = build_engine(loaded, spec)
             wall0, cpu0 = time.perf_counter(), time.process_time()
             real.append(serve_online(llm.core, arrivals, trace.prompts, trace.output_lens,
-                                     wall_wait_until(llm.core.clock)))
+                                     wall_wait_until(llm.core.clock), record_step))
             # the share of a core the run got while it had work (idle sleeps take no CPU): the calibration's
             # steps ran at about 1.0, so a lower share says other processes took the core
             busy_s = _busy_wall_s(real[-1], time.perf_counter() - wall0)
@@ -186,6 +200,7 @@ def run(config: Path, calibration: Path) -> dict:
         sim = serve_simulated_online(spec, trace, arrivals, step_time_s)
         rates.append({"name": name, "fraction_of_saturation": fraction, "rate_per_s": rate,
                       "last_arrival_s": arrivals[-1], "real_cpu_share_while_busy": cpu_share,
+                      "step_error": step_error(steps, step_time_s),
                       "metrics": compare_runs(*real, sim, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR),
                       "requests": {"real_a": [asdict(t) for t in real[0]], "real_b": [asdict(t) for t in real[1]],
                                    "sim": [asdict(t) for t in sim]}})

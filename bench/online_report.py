@@ -11,12 +11,21 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
+def _step_line(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    return [f"The fitted model on the real runs' own {e['num_steps']} steps: median error "
+            f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}); predicted / measured step "
+            f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
+
+
 def _rate_section(r: dict) -> list[str]:
     lines = [f"### {r['name'].replace('_', ' ')}: {r['rate_per_s']:.2f} requests/s "
              f"({r['fraction_of_saturation']:.0%} of saturation), last arrival at {r['last_arrival_s']:.1f} s", "",
              "Share of a core the real runs got while busy (CPU time / wall time with work in the engine; the "
              "calibration's steps ran at about 1.0): " + ", ".join(
                  "-" if x is None else f"{x:.2f}" for x in r.get("real_cpu_share_while_busy", [])), "",
+             *_step_line(r.get("step_error")),
              "| metric | median per-request error | real runs' spread | goal | met | p50 error (spread) | "
              "p90 error (spread) | p99 error (spread) | KS sim-a / sim-b | KS a-b |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -166,3 +166,17 @@ def test_busy_wall_time_is_the_union_of_the_requests_spans() -> None:
     timings = [RequestTiming(i, a, 1, 1, a, (b,)) for i, (a, b) in enumerate(spans)]
     assert _busy_wall_s(timings, 10.0) == pytest.approx(3.0)
     assert _busy_wall_s(timings, 2.5) == 2.5
+
+
+def test_step_error_on_every_step_the_loop_reports() -> None:
+    from pagedbench.bench.calibrate_online import step_error
+    from pagedbench.refengine.engine.core import StepShape
+
+    spec, (trace, arrivals) = _spec(), _trace()
+    core, steps = _stub_core(spec, STEP_S), []
+    serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to,
+                 lambda r: steps.append((StepShape.of(r.output), r.end_s - r.start_s)))
+    assert len(steps) > len(trace.prompts) and all(t == STEP_S for _, t in steps)
+    e = step_error(steps, constant_step(1.1 * STEP_S))
+    assert e["num_steps"] == len(steps) and e["median_rel_error"] == pytest.approx(0.1)
+    assert e["predicted_over_measured_total"] == pytest.approx(1.1)
