@@ -140,7 +140,11 @@ def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[
     """The model's relative error on the real runs' own steps (it separates a step model that is off from time
     the loop spends between steps, which the simulator does not model)."""
     error = np.array([step_time_s(shape) / seconds - 1.0 for shape, seconds in steps])
+    prefill = np.array([bool(shape.prefill_chunks) for shape, _ in steps])
+    by_kind = {kind: float(np.median(error[mask])) if mask.any() else None
+               for kind, mask in (("with_prefill", prefill), ("decode_only", ~prefill))}
     return {"num_steps": len(steps), "median_rel_error": float(np.median(error)),
+            "median_rel_error_by_kind": by_kind, "num_steps_with_prefill": int(prefill.sum()),
             "median_abs_rel_error": float(np.median(np.abs(error))),
             "predicted_over_measured_total": sum(step_time_s(s) for s, _ in steps) / sum(t for _, t in steps)}
 

@@ -15,7 +15,10 @@ def _step_line(e: dict | None) -> list[str]:
     if not e:
         return []
     return [f"The fitted model on the real runs' own {e['num_steps']} steps: median error "
-            f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}); predicted / measured step "
+            f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}; "
+            + ", ".join(f"{k.replace('_', ' ')} {'-' if v is None else _pct(v)}"
+                        for k, v in e.get("median_rel_error_by_kind", {}).items())
+            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill); predicted / measured step "
             f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
 
 

@@ -180,3 +180,5 @@ def test_step_error_on_every_step_the_loop_reports() -> None:
     e = step_error(steps, constant_step(1.1 * STEP_S))
     assert e["num_steps"] == len(steps) and e["median_rel_error"] == pytest.approx(0.1)
     assert e["predicted_over_measured_total"] == pytest.approx(1.1)
+    assert 0 < e["num_steps_with_prefill"] < len(steps)
+    assert e["median_rel_error_by_kind"] == {"with_prefill": pytest.approx(0.1), "decode_only": pytest.approx(0.1)}
