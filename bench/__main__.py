@@ -12,8 +12,8 @@ import importlib
 import sys
 import time
 
-STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "host_cost",
-           "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
+STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "calibrate_online",
+           "host_cost", "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
            "load_speed", "beam_study")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
             "serve-sim": "serve_sim", "loadgen": "loadgen",

@@ -1,0 +1,251 @@
+"""The simulator checked online: the calibrated step-cost model against the real CPU engine under
+Poisson arrivals in real time.
+
+``python -m pagedbench.bench calibrate_online`` (after ``calibrate``, whose fitted model it reads from
+``results/calibration.json``):
+
+1. A ShareGPT-like trace on the calibration engine (``bench/configs/calibrate.yaml``), and its
+   saturation rate: the trace served as one offline batch in the simulator with the fitted model,
+   requests / makespan.
+2. Poisson arrivals (seeded) at a low rate and at a rate near saturation (fractions of that rate).
+3. Per rate, the real engine twice on the wall clock (:func:`serve_online`: a loop that queues each
+   request once its arrival time has passed and otherwise steps, or sleeps when idle), and the serving
+   simulator once with the fitted model on the same arrivals.
+4. TTFT, TPOT and E2E compared per request, at p50/p90/p99 and by the KS statistic
+   (:mod:`bench.online_compare`), beside the two real runs' spread.
+
+Writes ``results/calibration_online.json`` and ``.md`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from pagedbench.bench import workloads
+from pagedbench.bench.arrivals import arrival_times
+from pagedbench.bench.calibrate_config import CONFIG, MODELS, EngineSpec, load_config
+from pagedbench.bench.calibrate_steps import build_engine, step_batch
+from pagedbench.bench.calibrate_validation import serve_simulated
+from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
+from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
+from pagedbench.bench.online_compare import compare_runs
+from pagedbench.bench.online_report import render_markdown
+from pagedbench.bench.records import write_json, write_text
+from pagedbench.bench.serving_metrics import RequestTiming
+from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.throughput_study import Trace, Workload, make_trace
+from pagedbench.refengine import ModelConfig, SamplingParams, load_model
+from pagedbench.refengine.engine.core import EngineCore, StepReport, StepShape
+
+#: the trace and the two rates (fractions of the fitted model's saturation rate); small, so the whole
+#: check (four real runs) takes well under two minutes
+NUM_REQUESTS, LENGTH_SCALE, TRACE_SEED, ARRIVAL_SEED = 32, 0.25, 2, 3
+RATE_FRACTIONS = {"low": 0.15, "near_saturation": 0.85}
+GOAL_FLOOR, GOAL_SPREAD_FACTOR = 0.10, 1.5
+
+
+def wall_wait_until(clock) -> Callable[[float], None]:
+    """Sleep until ``clock`` reads ``t`` (the real engine's idle wait)."""
+    def wait(t: float) -> None:
+        delay = t - clock.now()
+        if delay > 0:
+            time.sleep(delay)
+    return wait
+
+
+def serve_online(core: EngineCore, arrivals_s: Sequence[float], prompts: Sequence[Sequence[int]],
+                 output_lens: Sequence[int], wait_until: Callable[[float], None],
+                 on_step: Callable[[StepReport], None] | None = None) -> tuple[RequestTiming, ...]:
+    """Serve request ``i`` (``prompts[i]``, exactly ``output_lens[i]`` tokens) arriving ``arrivals_s[i]``
+    seconds after the start, on ``core``'s clock: queue each request once its time has passed, otherwise
+    step, or ``wait_until`` the next arrival when nothing runs. Times are seconds from the start; a
+    request's arrival is its scheduled time, so a late pick-up by the loop counts as its queueing.
+    ``on_step(report)`` sees every step."""
+    if not len(arrivals_s) == len(prompts) == len(output_lens):
+        raise ValueError(f"expected one arrival, prompt and output length per request, got "
+                         f"{len(arrivals_s)}, {len(prompts)} and {len(output_lens)}")
+    if any(b < a for a, b in itertools.pairwise(arrivals_s)) or any(a < 0 for a in arrivals_s):
+        raise ValueError("arrival times must be >= 0 and non-decreasing")
+    clock = core.clock
+    start = clock.now()
+    pending = deque(range(len(prompts)))
+    index_of: dict[int, int] = {}  # seq_id -> request index
+    first: dict[int, float] = {}
+    tokens: dict[int, list[float]] = {i: [] for i in range(len(prompts))}
+    while pending or core.has_unfinished():
+        now = clock.now()
+        while pending and start + arrivals_s[pending[0]] <= now:
+            i = pending.popleft()
+            req = core.new_request(list(prompts[i]), SamplingParams(max_tokens=output_lens[i], ignore_eos=True),
+                                   arrival_s=start + arrivals_s[i])
+            core.add(req)
+            index_of[req.children[0].seq_id] = i
+        if not core.has_unfinished():
+            wait_until(start + arrivals_s[pending[0]])
+            continue
+        report = core.step()
+        if on_step is not None:
+            on_step(report)
+        for c in report.output.chunks:
+            i = index_of.get(c.seq.seq_id)
+            if i is not None and i not in first:
+                first[i] = report.start_s - start
+        for seq_id in report.sampled:
+            tokens[index_of[seq_id]].append(report.end_s - start)
+    return tuple(RequestTiming(i, float(arrivals_s[i]), len(prompts[i]), output_lens[i], first.get(i),
+                               tuple(tokens[i])) for i in range(len(prompts)))
+
+
+def _sim_config(spec: EngineSpec) -> SimConfig:
+    return SimConfig(kv_slots=spec.num_blocks * spec.block_size, max_seq_len=spec.max_model_len, watermark=0.0,
+                     warmup_frac=0.0, drain=True, max_num_seqs=spec.max_num_seqs,
+                     max_num_batched_tokens=spec.max_num_batched_tokens, policy="mixed",
+                     enable_prefix_caching=spec.enable_prefix_caching)
+
+
+def serve_simulated_online(spec: EngineSpec, trace: Trace, arrivals_s: Sequence[float],
+                           step_time_s: Callable) -> tuple[RequestTiming, ...]:
+    """The trace in the serving simulator, request ``i`` arriving at ``arrivals_s[i]``."""
+    requests = tuple(workloads.Request(i, len(p), o, float(t))
+                     for i, (p, o, t) in enumerate(zip(trace.prompts, trace.output_lens, arrivals_s)))
+    result = simulate(requests, AllocatorSpec("paged", spec.block_size), _sim_config(spec), step_time_s=step_time_s,
+                      account=False, prompt_tokens=lambda r: list(trace.prompts[r.request_id]), fast_forward=False)
+    if len(result.requests) != len(requests):
+        raise RuntimeError(f"the simulator timed {len(result.requests)} of {len(requests)} requests")
+    return tuple(sorted(result.requests, key=lambda t: t.request_id))
+
+
+def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
+    """Wall seconds in which at least one request was in the engine (the union of arrival..last token)."""
+    spans = sorted((t.arrival_s, t.token_times_s[-1]) for t in timings)
+    busy, end = 0.0, -1.0
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return min(busy, run_wall_s)
+
+
+def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[StepShape], float]) -> dict:
+    """The model's relative error on the real runs' own steps (it separates a step model that is off from time
+    the loop spends between steps, which the simulator does not model)."""
+    error = np.array([step_time_s(shape) / seconds - 1.0 for shape, seconds in steps])
+    prefill = np.array([bool(shape.prefill_chunks) for shape, _ in steps])
+    by_kind = {kind: float(np.median(error[mask])) if mask.any() else None
+               for kind, mask in (("with_prefill", prefill), ("decode_only", ~prefill))}
+    return {"num_steps": len(steps), "median_rel_error": float(np.median(error)),
+            "median_rel_error_by_kind": by_kind, "num_steps_with_prefill": int(prefill.sum()),
+            "median_abs_rel_error": float(np.median(np.abs(error))),
+            "predicted_over_measured_total": sum(step_time_s(s) for s, _ in steps) / sum(t for _, t in steps)}
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (records do not name a machine's folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS_DIR.resolve().parent))
+    except ValueError:
+        return str(path)
+
+
+def load_cost(path: Path, spec: EngineSpec) -> BatchedStepCost:
+    """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine."""
+    record = json.loads(Path(path).read_text())
+    if record["config"]["engine"] != asdict(spec):
+        raise ValueError(f"{path} was calibrated on engine {record['config']['engine']}, expected {asdict(spec)}; "
+                         "run `python -m pagedbench.bench calibrate` first")
+    cal = record["calibration"]
+    missing = [t for t in BATCHED_TERMS if t not in cal["coefficients"]]
+    if missing:
+        raise ValueError(f"{path}: the fit lacks the batched terms {missing}")
+    return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS})
+
+
+def run(config: Path, calibration: Path) -> dict:
+    """The online check (module docstring); the result record."""
+    cfg = load_config(config, quick=False)
+    spec = cfg.engine
+    cost = load_cost(calibration, spec)
+    torch.set_num_threads(spec.torch_threads)
+    model_cfg = ModelConfig.from_yaml(MODELS, name=spec.model)
+    loaded = load_model(model_cfg, dtype=spec.dtype, attention_backend=spec.attention_backend, seed=spec.seed)
+    trace = make_trace(Workload("sharegpt", "sharegpt", LENGTH_SCALE, NUM_REQUESTS),
+                       vocab_size=model_cfg.vocab_size, max_model_len=spec.max_model_len, seed=TRACE_SEED)
+    offline = serve_simulated(spec, trace, cost)
+    saturation = NUM_REQUESTS / offline.makespan_s
+    load_before, start = os.getloadavg(), time.perf_counter()
+    step_time_s = lambda shape: cost.step_time_s(step_batch(shape))  # noqa: E731
+    warm, _ = build_engine(loaded, spec)  # one untimed offline pass: the first steps of a process are slow
+    serve_online(warm.core, [0.0] * 4, trace.prompts[:4], [8] * 4, wall_wait_until(warm.core.clock))
+    rates = []
+    for name, fraction in RATE_FRACTIONS.items():
+        rate = fraction * saturation
+        arrivals = arrival_times("poisson", NUM_REQUESTS, rate, seed=ARRIVAL_SEED).tolist()
+        real, cpu_share, steps = [], [], []
+        record_step = lambda r, steps=steps: steps.append((StepShape.of(r.output), r.end_s - r.start_s))  # noqa: E731
+        for _ in range(2):
+            llm, _ = build_engine(loaded, spec)
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            real.append(serve_online(llm.core, arrivals, trace.prompts, trace.output_lens,
+                                     wall_wait_until(llm.core.clock), record_step))
+            # the share of a core the run got while it had work (idle sleeps take no CPU): the calibration's
+            # steps ran at about 1.0, so a lower share says other processes took the core
+            busy_s = _busy_wall_s(real[-1], time.perf_counter() - wall0)
+            cpu_share.append((time.process_time() - cpu0) / busy_s if busy_s > 0 else None)
+        sim = serve_simulated_online(spec, trace, arrivals, step_time_s)
+        rates.append({"name": name, "fraction_of_saturation": fraction, "rate_per_s": rate,
+                      "last_arrival_s": arrivals[-1], "real_cpu_share_while_busy": cpu_share,
+                      "step_error": step_error(steps, step_time_s),
+                      "metrics": compare_runs(*real, sim, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR),
+                      "requests": {"real_a": [asdict(t) for t in real[0]], "real_b": [asdict(t) for t in real[1]],
+                                   "sim": [asdict(t) for t in sim]}})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "study": "calibration_online",
+        "environment": environment(),
+        "config": {"path": _shown(config), "calibration": _shown(calibration), "engine": asdict(spec),
+                   "cost_model": asdict(cost), "num_requests": NUM_REQUESTS, "length_scale": LENGTH_SCALE,
+                   "trace_seed": TRACE_SEED, "arrival_seed": ARRIVAL_SEED, "goal_floor": GOAL_FLOOR,
+                   "goal_spread_factor": GOAL_SPREAD_FACTOR,
+                   "mean_prompt_len": trace.mean_prompt_len, "mean_output_len": trace.mean_output_len},
+        "saturation_rate_per_s": saturation,
+        "run_wall_s": time.perf_counter() - start,
+        "machine_load": {"cpu_count": os.cpu_count(), "loadavg_before": list(load_before),
+                         "loadavg_after": list(os.getloadavg())},
+        "rates": rates,
+        "goal_met": all(m["goal_met"] for r in rates for m in r["metrics"].values()),
+        "median_abs_rel_error_all": float(np.median([m["median_abs_rel_error"] for r in rates
+                                                     for m in r["metrics"].values()])),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench calibrate_online", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the calibration study's YAML config")
+    parser.add_argument("--calibration", type=Path, default=RESULTS_DIR / "calibration.json",
+                        help="the calibration record whose fitted model is checked")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
+    parser.add_argument("--full", action="store_true", help="accepted for `python -m pagedbench.bench --full`")
+    args = parser.parse_args(argv)
+    record = run(args.config, args.calibration)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "calibration_online.json", record)
+    text = render_markdown(record)
+    write_text(args.out / "calibration_online.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""``results/calibration_online.md``: the online check's record as Markdown."""
+
+from __future__ import annotations
+
+from pagedbench.bench.environment import environment_markdown
+
+_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2E"}
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def _step_line(e: dict | None) -> list[str]:
+    if not e:
+        return []
+    return [f"The fitted model on the real runs' own {e['num_steps']} steps: median error "
+            f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}; "
+            + ", ".join(f"{k.replace('_', ' ')} {'-' if v is None else _pct(v)}"
+                        for k, v in e.get("median_rel_error_by_kind", {}).items())
+            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill); predicted / measured step "
+            f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
+
+
+def _rate_section(r: dict) -> list[str]:
+    lines = [f"### {r['name'].replace('_', ' ')}: {r['rate_per_s']:.2f} requests/s "
+             f"({r['fraction_of_saturation']:.0%} of saturation), last arrival at {r['last_arrival_s']:.1f} s", "",
+             "Share of a core the real runs got while busy (CPU time / wall time with work in the engine; the "
+             "calibration's steps ran at about 1.0): " + ", ".join(
+                 "-" if x is None else f"{x:.2f}" for x in r.get("real_cpu_share_while_busy", [])), "",
+             *_step_line(r.get("step_error")),
+             "| metric | median per-request error | real runs' spread | goal | met | p50 error (spread) | "
+             "p90 error (spread) | p99 error (spread) | KS sim-a / sim-b | KS a-b |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in r["metrics"].items():
+        q = " | ".join(f"{_pct(x['rel_error'])} ({x['real_spread']:.1%})" for x in m["quantiles"])
+        ks = m["ks"]
+        lines.append(f"| {_NAMES[name]} | {m['median_abs_rel_error']:.1%} (signed {_pct(m['median_signed_rel_error'])})"
+                     f" | {m['real_spread_median']:.1%} | {m['goal']:.1%} | {'yes' if m['goal_met'] else 'NO'} | {q} | "
+                     f"{ks['sim_vs_real_a']:.2f} / {ks['sim_vs_real_b']:.2f} | {ks['real_a_vs_real_b']:.2f} |")
+    return [*lines, ""]
+
+
+def _count(record: dict, flag: str | None) -> int:
+    """How many (rate, metric) sections have ``flag`` true (None: how many there are)."""
+    return sum(flag is None or bool(m.get(flag)) for r in record["rates"] for m in r["metrics"].values())
+
+
+def render_markdown(record: dict) -> str:
+    c, load = record["config"], record["machine_load"]
+    lines = [
+        "# The simulator checked online: calibrated step-cost model vs the real CPU engine", "",
+        f"Engine: `{c['engine']['model']}` model, `{c['engine']['attention_backend']}` attention, "
+        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`).",
+        f"Trace: {c['num_requests']} ShareGPT-like requests (lengths x {c['length_scale']}: mean prompt "
+        f"{c['mean_prompt_len']:.0f}, mean output {c['mean_output_len']:.0f} tokens), Poisson arrivals (seed "
+        f"{c['arrival_seed']}). Saturation rate (the fitted model, the trace as one offline batch): "
+        f"{record['saturation_rate_per_s']:.1f} requests/s.",
+        f"Each rate: the real engine twice on the wall clock (requests queued as their arrival time passes), the "
+        f"simulator once on the same arrivals. Errors are the simulator's against the mean of the two real runs; "
+        f"the spread is |a - b| / mean of the real runs. Goal per metric: median per-request error <= "
+        f"max({c['goal_floor']:.0%}, {c['goal_spread_factor']} x the spread).", "",
+        f"**Goal {'met' if record['goal_met'] else 'NOT met'}** (met for {_count(record, 'goal_met')} of "
+        f"{_count(record, None)} metrics x rates; median of their median errors: "
+        f"{record['median_abs_rel_error_all']:.1%}). Against the "
+        f"{c['goal_floor']:.0%} floor alone (the goal without the spread's allowance): met for "
+        f"{_count(record, 'floor_met')} of {_count(record, None)}. A wide real-run spread (a loaded machine) "
+        "widens the goal: read the errors beside the spread and the cores' share below.", "",
+        f"Run: {record['run_wall_s']:.0f} s of wall time; load average before {load['loadavg_before'][0]:.2f}, "
+        f"after {load['loadavg_after'][0]:.2f} on {load['cpu_count']} CPUs.", "",
+    ]
+    for r in record["rates"]:
+        lines += _rate_section(r)
+    lines += ["KS: the two-sample Kolmogorov-Smirnov statistic (largest gap between empirical CDFs); the real runs' "
+              "own KS is the noise floor it is read against. TPOT leaves out one-token outputs.", "",
+              environment_markdown(record["environment"]), ""]
+    return "\n".join(lines)
