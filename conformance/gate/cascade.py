@@ -18,19 +18,18 @@ ids are shuffled, and a part with LSE ``-inf`` holds NaN (a merge must not read 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import torch
 from pagedbench.conformance.gate import builders, oracle
-from pagedbench.conformance.gate.cases import DTYPES, TOLERANCES, Tolerance
+from pagedbench.conformance.gate.cases import SeededCase, Tolerance
 
 #: kinds of LSE pair of a direct merge case
 LSE_KINDS = ("randn", "far", "huge-out", "empty-a", "empty-both", "mixed-inf")
 
 
 @dataclass(frozen=True, slots=True)
-class MergeCase:
+class MergeCase(SeededCase):
     """One direct merge: two random parts of ``num_tokens`` x ``num_heads`` rows with LSEs of ``lse`` kind.
 
     ``randn``: LSEs ~ 3·N(0, 1) around 0 ... ``far``: the parts' LSEs 600 apart in magnitude and 25 apart
@@ -51,17 +50,6 @@ class MergeCase:
         return (f"merge/t={self.num_tokens},h={self.num_heads},d={self.head_dim},{self.dtype}"
                 + ("" if self.lse == "randn" else f",{self.lse}"))
 
-    @property
-    def seed(self) -> int:
-        return zlib.crc32(self.id.encode())
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def tolerance(self) -> Tolerance:
-        return TOLERANCES[self.torch_dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +119,7 @@ def lse_bound(tol: Tolerance, ref_lse: torch.Tensor) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class CascadeCase:
+class CascadeCase(SeededCase):
     """Sequences sharing a prefix of ``prefix_len`` tokens (whole blocks) then ``suffix_lens[s]`` of their
     own; sequence s's queries are its last ``q_lens[s]`` tokens (all in its suffix)."""
 
@@ -158,17 +146,6 @@ class CascadeCase:
                 f"q={join(map(str, self.q_lens))},hq={self.num_heads},hkv={self.num_kv_heads},d={self.head_dim},"
                 f"{self.dtype}" + ("" if self.query == "randn" else f",{self.query}"))
 
-    @property
-    def seed(self) -> int:
-        return zlib.crc32(self.id.encode())
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def tolerance(self) -> Tolerance:
-        return TOLERANCES[self.torch_dtype]
 
 
 @dataclass(frozen=True, slots=True)

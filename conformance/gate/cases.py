@@ -54,8 +54,28 @@ class Fp8Bound:
 FP8_E4M3 = Fp8Bound(rel=2.0 ** -4, abs_min=2.0 ** -10, max_value=448.0)
 
 
+class SeededCase:
+    """What a case derives from its ``id`` and ``dtype`` (a mixin of the case dataclasses): its seed, a
+    hash of the id, so a case's inputs never depend on which other cases run; its torch dtype; and its
+    dtype's tolerance."""
+
+    __slots__ = ()
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.id.encode())
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return TOLERANCES[self.torch_dtype]
+
+
 @dataclass(frozen=True, slots=True)
-class AttentionCase:
+class AttentionCase(SeededCase):
     """One attention call: the shapes, lengths and options; inputs come from ``builders.build``.
 
     ``seq_lens[s]`` tokens of sequence ``s`` are in the cache; for prefill ``q_lens[s]`` of them (its
@@ -95,17 +115,6 @@ class AttentionCase:
             parts.append(f"pad={self.pad}")
         return f"{self.op}/" + ",".join(parts)
 
-    @property
-    def seed(self) -> int:
-        return zlib.crc32(self.id.encode())
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def tolerance(self) -> Tolerance:
-        return TOLERANCES[self.torch_dtype]
 
     @property
     def effective_q_lens(self) -> tuple[int, ...]:
