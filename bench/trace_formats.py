@@ -239,26 +239,17 @@ def _csv_rows(path: Path, fmt: str):
 
 
 def _mooncake_rows(path: Path):
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            t_ms = _number(path, lineno, "timestamp", obj.get("timestamp"))
-            prompt = _count(path, lineno, "input_length", obj.get("input_length"))
-            output = _count(path, lineno, "output_length", obj.get("output_length"))
-            ids = obj.get("hash_ids", [])
-            if not isinstance(ids, list) or any(type(h) is not int or h < 0 for h in ids):
-                raise TraceFormatError(f"{path}:{lineno}: field 'hash_ids' must be a list of ints >= 0")
-            if len(ids) > -(-prompt // MOONCAKE_BLOCK_TOKENS):
-                raise TraceFormatError(f"{path}:{lineno}: field 'hash_ids' has {len(ids)} ids, more than the "
-                                       f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} blocks of {prompt} prompt tokens")
-            yield lineno, t_ms / 1000.0, prompt, output, tuple(ids)
+    for lineno, obj in workloads.json_objects(path, TraceFormatError):
+        t_ms = _number(path, lineno, "timestamp", obj.get("timestamp"))
+        prompt = _count(path, lineno, "input_length", obj.get("input_length"))
+        output = _count(path, lineno, "output_length", obj.get("output_length"))
+        ids = obj.get("hash_ids", [])
+        if not isinstance(ids, list) or any(type(h) is not int or h < 0 for h in ids):
+            raise TraceFormatError(f"{path}:{lineno}: field 'hash_ids' must be a list of ints >= 0")
+        if len(ids) > -(-prompt // MOONCAKE_BLOCK_TOKENS):
+            raise TraceFormatError(f"{path}:{lineno}: field 'hash_ids' has {len(ids)} ids, more than the "
+                                   f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} blocks of {prompt} prompt tokens")
+        yield lineno, t_ms / 1000.0, prompt, output, tuple(ids)
 
 
 def _requests(path: Path, rows) -> tuple[list[Request], int]:

@@ -98,9 +98,9 @@ def synthetic(dataset: str, num_requests: int, *, rate: float | None = None, see
     )
 
 
-def load_jsonl(path: str | Path, *, rate: float | None = None, seed: int = 0) -> tuple[Request, ...]:
-    """Read a trace; arrivals missing from the file are drawn Poisson at ``rate`` (or all at 0)."""
-    rows = []
+def json_objects(path: str | Path, error: type[ValueError] = ValueError):
+    """``(line number, object)`` for each non-blank line of a JSON-lines file; a line that is not a JSON
+    object raises ``error`` naming the file and line."""
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -108,21 +108,28 @@ def load_jsonl(path: str | Path, *, rate: float | None = None, seed: int = 0) ->
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
+                raise error(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            fields = {}
-            for name in ("prompt_len", "output_len"):
-                if name not in obj:
-                    raise ValueError(f"{path}:{lineno}: missing field {name!r}")
-                v = obj[name]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ValueError(f"{path}:{lineno}: field {name!r} must be an int >= 1, got {v!r}")
-                fields[name] = v
-            a = obj.get("arrival_s")
-            if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not a >= 0):
-                raise ValueError(f"{path}:{lineno}: field 'arrival_s' must be a number >= 0, got {a!r}")
-            rows.append((fields["prompt_len"], fields["output_len"], a))
+                raise error(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def load_jsonl(path: str | Path, *, rate: float | None = None, seed: int = 0) -> tuple[Request, ...]:
+    """Read a trace; arrivals missing from the file are drawn Poisson at ``rate`` (or all at 0)."""
+    rows = []
+    for lineno, obj in json_objects(path):
+        fields = {}
+        for name in ("prompt_len", "output_len"):
+            if name not in obj:
+                raise ValueError(f"{path}:{lineno}: missing field {name!r}")
+            v = obj[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{path}:{lineno}: field {name!r} must be an int >= 1, got {v!r}")
+            fields[name] = v
+        a = obj.get("arrival_s")
+        if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not a >= 0):
+            raise ValueError(f"{path}:{lineno}: field 'arrival_s' must be a number >= 0, got {a!r}")
+        rows.append((fields["prompt_len"], fields["output_len"], a))
     if not rows:
         raise ValueError(f"{path}: empty trace")
     rng = np.random.default_rng(seed)
