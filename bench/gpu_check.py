@@ -9,10 +9,12 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
 2. ``kernels``: paged decode timed with ``triton.testing.do_bench`` against the measured device copy
    bandwidth at >= 256 MB of KV, paged / contiguous time, and beside torch's SDPA (and FlashAttention or
    FlashInfer when installed). Goals: paged >= 85% of copy bandwidth, paged / contiguous <= 1.05;
-3. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
+3. ``decode_sweep``: the decode kernel's plans (tiles, warps, pipeline depth, table prefetch, splits)
+   timed paged and contiguous (``bench.decode_sweep``), the evidence for the launcher's defaults;
+4. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
    ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous;
-4. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
-5. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
+5. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
+6. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
    contexts (to 32K), and of GQA groups 12 and 16 (fp16 cases: a GPU path the interpreter cannot reach),
    the attention-state merge with cascade cases, and the steps of engine runs (prefix hits, chunked prefill,
    forks, preemption) with the metadata our scheduler built (see :data:`FAMILY_ARGS`).
@@ -25,12 +27,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-CHECKS = ("gate", "kernels", "engine", "calibration", "families")
+CHECKS = ("gate", "kernels", "decode_sweep", "engine", "calibration", "families")
 DEFAULT_OUT = Path("results/gpu")
 KV_BYTES_GOAL = 256 << 20
 GOALS = {"paged_share_of_copy_bw": 0.85, "paged_over_contiguous_time": 1.05}
@@ -55,13 +58,37 @@ def gpu_present() -> tuple[bool, str]:
     return True, torch.cuda.get_device_name(0)
 
 
+#: parallel workers of the gate and of the families' pytest: compiling the kernels' variants (and the
+#: prefill autotuner's configs) for every shape class dominates on a GPU, and compiling is per CPU core
+JOBS = max(1, min(12, (os.cpu_count() or 2) - 2))
+
+
+def _run_logged(cmd: list[str], log: Path, timeout_s: float, cwd: Path | None = None) -> tuple[int | None, str]:
+    """Run ``cmd`` with its output streamed to ``log`` (what a check killed at its limit had printed stays
+    readable); (exit status or None when killed at ``timeout_s``, the log's tail)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            returncode = None
+    tail = log.read_text(errors="replace")[-3000:]
+    return returncode, tail + (f"\n[killed at its {timeout_s:g} s limit]" if returncode is None else "")
+
+
 def check_gate(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "pagedbench.conformance", "--impl", "triton", "--out", str(out / "conformance")]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    cmd = [sys.executable, "-m", "pagedbench.conformance", "--impl", "triton", "--jobs", str(JOBS), "--out",
+           str(out / "conformance")]
+    returncode, tail = _run_logged(cmd, out / "gate.log", 170)
     summary_path = out / "conformance" / "triton.json"
     counts = json.loads(summary_path.read_text())["counts"] if summary_path.exists() else {}
-    return {"passed": run.returncode == 0, "counts": counts, "tail": run.stdout[-1500:] + run.stderr[-1500:],
-            "summary": ", ".join(f"{v} {k}" for k, v in counts.items()) or "no summary written"}
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items()) or "no summary written"
+    if returncode is None:
+        summary += " (killed at its time limit; see gate.log)"
+    return {"passed": returncode == 0, "counts": counts, "tail": tail, "summary": summary}
 
 
 def _sdpa_ms(w, x) -> float:
@@ -146,15 +173,35 @@ def check_families(out: Path) -> dict:
 
     root = Path(__file__).resolve().parents[1]
     xml = (out / "families.xml").resolve()
+    xdist = ["-n", str(JOBS)] if importlib.util.find_spec("xdist") is not None else []
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE_PYTEST_ARGS, "--impl", "triton",
-           *FAMILY_ARGS, f"--junitxml={xml}"]
-    run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=180)
-    last = (run.stdout.strip().splitlines() or ["no output"])[-1]
-    return {"passed": run.returncode == 0, "tail": run.stdout[-3000:] + run.stderr[-1500:], "summary": last}
+           *xdist, *FAMILY_ARGS, f"--junitxml={xml}"]
+    returncode, tail = _run_logged(cmd, out / "families.log", 180, cwd=root)
+    last = ([line for line in tail.strip().splitlines() if line.strip()] or ["no output"])[-1]
+    return {"passed": returncode == 0, "tail": tail, "summary": last}
 
 
-RUNNERS = {"gate": check_gate, "kernels": check_kernels, "engine": check_engine, "calibration": check_calibration,
-           "families": check_families}
+def check_decode_sweep(out: Path) -> dict:
+    cmd = [sys.executable, "-m", "pagedbench.bench.decode_sweep", "--out", str(out), "--time-limit-s", "80"]
+    returncode, tail = _run_logged(cmd, out / "decode_sweep.log", 160)
+    sweep = out / "decode_sweep.json"
+    if returncode != 0 or not sweep.exists():
+        return {"passed": False, "tail": tail, "summary": "sweep failed; see decode_sweep.log"}
+    from pagedbench.bench import decode_sweep
+
+    parts = []
+    for res in json.loads(sweep.read_text())["workloads"]:
+        bp, bc, d = decode_sweep.best(res["rows"], True), decode_sweep.best(res["rows"], False), res["default_ms"]
+        w = res["workload"]
+        parts.append(f"batch {w['batch']}: today {d['paged'] / d['contiguous']:.2f}x contiguous"
+                     + (f", best paged {bp['label']} {bp['ms'] / bc['ms']:.2f}x best contiguous" if bp and bc else ""))
+    failed = sum(1 for res in json.loads(sweep.read_text())["workloads"] for r in res["rows"]
+                 if not r.get("correct", False))
+    return {"passed": failed == 0, "summary": "; ".join(parts) + (f"; {failed} plans failed" if failed else "")}
+
+
+RUNNERS = {"gate": check_gate, "kernels": check_kernels, "decode_sweep": check_decode_sweep, "engine": check_engine,
+           "calibration": check_calibration, "families": check_families}
 
 
 def main(argv: list[str] | None = None) -> int:

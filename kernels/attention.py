@@ -77,6 +77,8 @@ class DecodeTiles:
     block_d: int  # head_dim padded to a power of two (>= 16 for dot)
     num_warps: int
     use_dot: bool  # products by tl.dot rather than broadcast multiply + sum
+    num_stages: int | None = None  # software-pipelining depth of the key loop (None: Triton's default)
+    prefetch_table: bool = False  # load the next tile's block ids one iteration ahead (paged only)
 
 
 def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bool,
@@ -191,16 +193,18 @@ def _kv_scales(k_cache, scale, k_scale, v_scale, head_dim) -> tuple[float, float
 
 
 def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, sliding_window, num_splits,
-            out, max_context, k_scale=None, v_scale=None):
-    """Shared launch of paged and contiguous decode; returns (out, lse)."""
+            out, max_context, k_scale=None, v_scale=None, plan: DecodePlan | None = None):
+    """Shared launch of paged and contiguous decode; returns (out, lse). ``plan`` replaces
+    :func:`plan_decode`'s choice (the tile sweep of ``bench.decode_sweep`` times candidates through it)."""
     _check_interpreter_mode()
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
     scale, v_scale, fp8 = _kv_scales(k, scale, k_scale, v_scale, head_dim)
-    plan = plan_decode(num_seqs, num_kv_heads, group, head_dim, max_context, num_splits,
-                       interpret=device.backend().triton_interpret, num_sms=parallelism(),
-                       dtype_bytes=q.element_size())
+    if plan is None:
+        plan = plan_decode(num_seqs, num_kv_heads, group, head_dim, max_context, num_splits,
+                           interpret=device.backend().triton_interpret, num_sms=parallelism(),
+                           dtype_bytes=q.element_size())
     num_splits, tiles = plan.num_splits, plan.tiles
     seq_lens = seq_lens.contiguous()  # the kernel reads seq_lens[s] at seq_lens_ptr + s
     if out is None:
@@ -225,7 +229,8 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
         *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
         PAGED=paged, USE_DOT=tiles.use_dot, BLOCK_SIZE=block_size_constexpr(block_size) if paged else 0,
         BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, KV_FP8=fp8,
-        num_warps=tiles.num_warps,
+        PREFETCH_TABLE=paged and tiles.prefetch_table, num_warps=tiles.num_warps,
+        **({} if tiles.num_stages is None else {"num_stages": tiles.num_stages}),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

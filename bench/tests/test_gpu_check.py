@@ -32,3 +32,12 @@ def test_bad_arguments(argv, message, capsys):
 
 def test_every_check_has_a_runner():
     assert set(gpu_check.RUNNERS) == set(gpu_check.CHECKS)
+
+
+def test_a_check_killed_at_its_limit_keeps_what_it_printed(tmp_path):
+    code = "import time; print('compiled 1 of 9', flush=True); time.sleep(30)"
+    returncode, tail = gpu_check._run_logged([sys.executable, "-c", code], tmp_path / "c.log", 2)
+    assert returncode is None
+    assert "compiled 1 of 9" in (tmp_path / "c.log").read_text() and "killed at its 2 s limit" in tail
+    returncode, tail = gpu_check._run_logged([sys.executable, "-c", "print('done')"], tmp_path / "d.log", 30)
+    assert returncode == 0 and tail.strip() == "done"

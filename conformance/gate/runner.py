@@ -1,7 +1,7 @@
 """The conformance gate: run the suite against one implementation, write a JSON summary + JUnit XML.
 
 ``python -m pagedbench.conformance --impl NAME [--load MODULE] [--out DIR] [-k EXPR] [--case TEXT] [--full]
-[--timeout S] [--strict-validation] [-v]`` (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter``
+[--jobs N] [--timeout S] [--strict-validation] [-v]`` (``make conformance IMPL=NAME``). ``--load mypkg.paged_adapter``
 imports a module that registers another project's implementation (``@conformance.adapter.register``).
 ``--out`` defaults to a new ``conformance-results/NAME-TIME/`` folder under the working directory.
 
@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,6 +301,13 @@ def _nothing_passed_reason(summary: dict) -> str:
     return "no selected case passed"
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     from pagedbench.conformance import registry
 
@@ -320,6 +328,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds a suite module's worker may run its cases before it is killed "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--jobs", type=_positive_int, default=1,
+                        help="suite modules run at once, each in its own worker (default 1; on a GPU box, "
+                             "where compiling the kernels' variants dominates, about the CPU count)")
     parser.add_argument("--strict-validation", action="store_true",
                         help="fail the gate on validation findings too (accepts invalid input, ...)")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -340,11 +351,19 @@ def main(argv: list[str] | None = None) -> int:
         what = "environment error" if kind == "environment_error" else "cannot start"
         print(f"conformance gate [{args.impl}]: {what}: {message}; nothing was run or written", file=sys.stderr)
         return 2
-    # one worker per module that has selected cases, in the suite's order
-    for name in dict.fromkeys(Path(n.partition("::")[0]).name for n in selected if "::" in n):
-        before = set(run.cases)
-        run_module(SUITE_DIR / name, args.impl, args.load, options, args.timeout, run, verbose=args.verbose)
-        _print_module(name, {n: e for n, e in run.cases.items() if n not in before}, args)
+    # one worker per module that has selected cases; --jobs of them at once, reported in the suite's order
+    names = list(dict.fromkeys(Path(n.partition("::")[0]).name for n in selected if "::" in n))
+
+    def one(name: str) -> ModuleRun:
+        module_run = ModuleRun()
+        run_module(SUITE_DIR / name, args.impl, args.load, options, args.timeout, module_run, verbose=args.verbose)
+        return module_run
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for name, module_run in zip(names, pool.map(one, names)):
+            run.cases.update(module_run.cases)
+            run.implementation = run.implementation or module_run.implementation
+            _print_module(name, module_run.cases, args)
     summary = summarize(args.impl, run, strict_validation=args.strict_validation, options=options)
     out = args.out if args.out is not None else default_out(args.impl)
     json_path, junit_path = out / f"{args.impl}.json", out / f"{args.impl}.junit.xml"

@@ -137,3 +137,25 @@ def test_default_out_is_a_new_folder_under_the_working_directory_not_the_publish
     for f in files:
         assert stat.S_IMODE((tmp_path / f).stat().st_mode) & 0o044 == 0o044  # readable by group and others
     assert gate.default_out("torch", 0.0) != gate.default_out("torch", 1.0)
+
+
+def test_modules_run_at_once_with_jobs_report_as_one_at_a_time(tmp_path):
+    """--jobs runs suite modules in parallel workers; lines, cases and outcomes are those of a serial run,
+    in the suite's order."""
+    select = ["--impl", "torch", "-k", "test_decode_matches_oracle or test_copy_blocks", "--case",
+              "bs=16"]
+    runs = {jobs: run_gate(*select, "--jobs", str(jobs), "--out", str(tmp_path / str(jobs)), cwd=ROOT)
+            for jobs in (1, 2)}
+    docs = {jobs: json.loads((tmp_path / str(jobs) / "torch.json").read_text()) for jobs in runs}
+    assert all(r.returncode == 0 for r in runs.values()), runs[2].stdout + runs[2].stderr
+    modules = [line.split(":")[0] for line in runs[2].stdout.splitlines() if line.startswith("test_")]
+    assert len(modules) == 2 and modules == [line.split(":")[0] for line in runs[1].stdout.splitlines()
+                                             if line.startswith("test_")]
+    assert {n: e["outcome"] for n, e in docs[2]["cases"].items()} == {
+        n: e["outcome"] for n, e in docs[1]["cases"].items()}
+    assert list(docs[2]["cases"]) == list(docs[1]["cases"])
+
+
+def test_jobs_below_one_is_refused():
+    run = run_gate("--impl", "torch", "--jobs", "0", cwd=ROOT)
+    assert run.returncode == 2 and "--jobs: must be >= 1, got 0" in run.stderr
