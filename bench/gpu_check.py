@@ -9,7 +9,7 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
 2. ``kernels``: paged decode timed with ``triton.testing.do_bench`` against the measured device copy
    bandwidth at >= 256 MB of KV, paged / contiguous time, and beside torch's SDPA (and FlashAttention or
    FlashInfer when installed). Goals: paged >= 85% of copy bandwidth, paged / contiguous <= 1.05;
-3. ``decode_sweep``: the decode kernel's plans (tiles, warps, pipeline depth, table prefetch, splits)
+3. ``decode_sweep``: the decode kernel's plans (tiles, warps, pipeline depth, splits)
    timed paged and contiguous (``bench.decode_sweep``), the evidence for the launcher's defaults;
 4. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
    ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous;
@@ -184,7 +184,7 @@ def check_families(out: Path) -> dict:
 def check_decode_sweep(out: Path) -> dict:
     cmd = [sys.executable, "-m", "pagedbench.bench.decode_sweep", "--out", str(out), "--time-limit-s", "80"]
     returncode, tail = _run_logged(cmd, out / "decode_sweep.log", 160)
-    sweep = out / "decode_sweep.json"
+    sweep = out / "decode_plans.json"
     if returncode != 0 or not sweep.exists():
         return {"passed": False, "tail": tail, "summary": "sweep failed; see decode_sweep.log"}
     from pagedbench.bench import decode_sweep

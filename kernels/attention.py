@@ -78,7 +78,6 @@ class DecodeTiles:
     num_warps: int
     use_dot: bool  # products by tl.dot rather than broadcast multiply + sum
     num_stages: int | None = None  # software-pipelining depth of the key loop (None: Triton's default)
-    prefetch_table: bool = False  # load the next tile's block ids one iteration ahead (paged only)
 
 
 def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bool,
@@ -86,17 +85,21 @@ def decode_tiles(group_size: int, head_dim: int, max_context: int, interpret: bo
     """Tiles of the decode kernel.
 
     Broadcast path, whose product holds block_g * block_n * block_d floats: up to 2^18 under the
-    interpreter (fewer, larger steps); 2^13 over 8 warps on a GPU (no register spills on sm_90 for
-    head_dim 32..256 and groups 1..16, checked with ``python -m kernels.compile_check``).
-    Dot path: the group padded to 16 rows, 32 keys a step (16 for head_dim 256), 8 warps (64 keys, or
-    4 warps, spill on sm_90 at head_dim 128)."""
+    interpreter (fewer, larger steps); 2^13 over 8 warps on a GPU, 2^12 from 16 rows (no register
+    spills on sm_90 for head_dim 32..256 and groups 1..16, checked with ``python -m kernels.compile_check``).
+    Dot path: the group padded to 16 rows; up to head_dim 128, 64 keys a step over 4 warps, the fastest
+    plan of ``bench.decode_sweep`` on an H200 (paged 96% of copy bandwidth, 1.03x contiguous, where 32
+    keys over 8 warps gave 54% and 1.60x: ``results/gpu/decode_plans.md``); head_dim 256 (unmeasured),
+    16 keys over 8 warps."""
     if use_dot:
         block_g = max(16, triton.next_power_of_2(group_size))
         block_d = max(16, triton.next_power_of_2(head_dim))
-        block_n = max(16, min(32 if block_d <= 128 else 16, triton.next_power_of_2(max(max_context, 1))))
-        return DecodeTiles(block_g, block_n, block_d, 8, True)
+        wide = block_d > 128
+        block_n = max(16, min(16 if wide else 64, triton.next_power_of_2(max(max_context, 1))))
+        return DecodeTiles(block_g, block_n, block_d, 8 if wide else 4, True)
     block_g, block_d = triton.next_power_of_2(group_size), triton.next_power_of_2(head_dim)
-    budget = 1 << 18 if interpret else 1 << 13
+    # from 16 rows the query and accumulator tiles alone take 16 registers a thread: half the product
+    budget = 1 << 18 if interpret else 1 << (13 if block_g < 16 else 12)
     block_n = max(1, budget // (block_g * block_d))
     block_n = min(block_n, 256 if interpret else 128, triton.next_power_of_2(max(max_context, 1)))
     return DecodeTiles(block_g, 1 << (block_n.bit_length() - 1), block_d, 4 if interpret else 8, False)
@@ -229,7 +232,7 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
         *q.stride(), *k.stride(), *v.stride(), *table_strides, *out_strides, *lse_strides,
         PAGED=paged, USE_DOT=tiles.use_dot, BLOCK_SIZE=block_size_constexpr(block_size) if paged else 0,
         BLOCK_G=tiles.block_g, BLOCK_N=tiles.block_n, BLOCK_D=tiles.block_d, KV_FP8=fp8,
-        PREFETCH_TABLE=paged and tiles.prefetch_table, num_warps=tiles.num_warps,
+        num_warps=tiles.num_warps,
         **({} if tiles.num_stages is None else {"num_stages": tiles.num_stages}),
     )
     if num_splits > 1:

@@ -61,7 +61,6 @@ def _decode_partial_kernel(
     stride_lse_s, stride_lse_h, stride_lse_split,
     PAGED: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KV_FP8: tl.constexpr = False,
-    PREFETCH_TABLE: tl.constexpr = False,
 ):
     """Program (s, kv_head, split): one split of sequence s's keys for the query heads of kv_head.
 
@@ -72,9 +71,6 @@ def _decode_partial_kernel(
     split these are the final output and LSE).
     Keys of the query at position seq_len - 1: ``max(0, seq_len - sliding_window) <= pos < seq_len``
     (``sliding_window == 0``: no window).
-    PREFETCH_TABLE (PAGED only): the block ids of the next tile are loaded one iteration ahead, so a
-    tile's K/V addresses never wait on a table load issued in the same iteration (the loop pipeliner
-    cannot hide a load whose address comes from another load of that iteration).
     """
     tl.static_assert(BLOCK_G >= 1 and BLOCK_N >= 1 and BLOCK_D >= 1)
     tl.static_assert(not USE_DOT or (BLOCK_G >= 16 and BLOCK_N >= 16 and BLOCK_D >= 16))  # tl.dot's minimum
@@ -104,25 +100,13 @@ def _decode_partial_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    table_row = block_tables_ptr + s * stride_bt_s
-    if PAGED and PREFETCH_TABLE:
-        next_pos = start + tile_lo * BLOCK_N + tl.arange(0, BLOCK_N)
-        next_logical, _ = _block_and_offset(next_pos, block_size, BLOCK_SIZE)
-        next_block = tl.load(table_row + next_logical.to(tl.int64) * stride_bt_b, mask=next_pos < seq_len,
-                             other=0)
     for t in range(tile_lo, tile_hi):
         pos = start + t * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = pos < seq_len
         if PAGED:
             logical, offset = _block_and_offset(pos, block_size, BLOCK_SIZE)
-            if PREFETCH_TABLE:
-                block = next_block.to(tl.int64)
-                next_pos = pos + BLOCK_N
-                next_logical, _ = _block_and_offset(next_pos, block_size, BLOCK_SIZE)
-                next_block = tl.load(table_row + next_logical.to(tl.int64) * stride_bt_b,
-                                     mask=next_pos < seq_len, other=0)
-            else:
-                block = tl.load(table_row + logical.to(tl.int64) * stride_bt_b, mask=n_mask, other=0).to(tl.int64)
+            block = tl.load(block_tables_ptr + s * stride_bt_s + logical.to(tl.int64) * stride_bt_b,
+                            mask=n_mask, other=0).to(tl.int64)
             offset = offset.to(tl.int64)
             k_rows = block * stride_k_b + offset * stride_k_o
             v_rows = block * stride_v_b + offset * stride_v_o
@@ -152,7 +136,9 @@ def _decode_partial_kernel(
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            # v before p: Triton's combiner rewrites sum(p[:, :, None] * v[None], 1) into a tl.dot once every
+            # side is >= 16 (GQA groups above 8), in TF32 on some versions (float32 off by 4e-4 on sm_90)
+            pv = tl.sum(v.to(tl.float32)[None, :, :] * p[:, :, None], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -295,8 +281,8 @@ def _prefill_kernel(
             v = v.to(q_ptr.dtype.element_ty)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        else:  # v before p, as in decode: no silent rewrite into a TF32 tl.dot
+            pv = tl.sum(v.to(tl.float32)[None, :, :] * p[:, :, None], axis=1)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 

@@ -9,9 +9,11 @@ tiles that spill, and a prefill that misses the tensor cores.
 The full check compiles every configuration the launchers can choose on a GPU for a few representative
 shapes: the pinned decode tiles, and every prefill autotune config that ``prune_prefill_configs`` keeps,
 each specialised as a launch on contiguous tensors would be (see :func:`_specialise`).
-It fails (exit status 1) when a configuration spills registers, or an fp16/bf16 prefill configuration
-has no tensor-core instruction (HMMA/HGMMA) in its SASS. ``--fast`` compiles one pinned configuration
-per kernel and dtype (the test suite runs it).
+It fails (exit status 1) when a configuration spills registers, an fp16/bf16 prefill configuration
+has no tensor-core instruction (HMMA/HGMMA) in its SASS, or a kernel meant to multiply by broadcast and
+sum has a ``tt.dot`` in its IR (Triton's combiner makes one of a product whose sides are all >= 16, in
+TF32 on some versions: float32 decode at GQA group 16 was off by 4e-4 on an H200 with Triton 3.6).
+``--fast`` compiles one pinned configuration per kernel and dtype (the test suite runs it).
 
 Triton's wheel carries ``ptxas`` and ``cuobjdump``, so no driver is needed. Triton decides at import
 whether it interprets, and importing ``kernels`` turns the interpreter on where there is no GPU, so the
@@ -187,7 +189,8 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]
                                     split=ptrs is split_ptrs, block_size=block_size or 24)
             cases.append((attn_k._decode_partial_kernel, ptrs, {
                 "PAGED": paged, "USE_DOT": t.use_dot, "BLOCK_SIZE": block_size, "BLOCK_G": t.block_g,
-                "BLOCK_N": t.block_n, "BLOCK_D": t.block_d}, t.num_warps, 3, values))
+                "BLOCK_N": t.block_n, "BLOCK_D": t.block_d},
+                t.num_warps, t.num_stages or 3, values))
         pinned = attention.prefill_tiles(group, head_dim, 512, False, True, element_size)
         fixed = {"USE_DOT": True, "BLOCK_SIZE": 16, "BLOCK_G": pinned.block_g, "BLOCK_D": pinned.block_d}
         if fast:
@@ -199,6 +202,11 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]
         for rows, keys, warps, stages in configs:
             cases.append((attn_k._prefill_kernel, attn_ptrs, {**fixed, "BLOCK_R": rows, "BLOCK_N": keys},
                           warps, stages, _launch_values("_prefill_kernel", group, head_dim)))
+    if fast and dtype == "fp32":  # the broadcast path at a group whose sides all reach 16 (the combiner's dot)
+        t = attention.decode_tiles(16, 32, 8192, False, False)
+        cases.append((attn_k._decode_partial_kernel, attn_ptrs, {
+            "PAGED": True, "USE_DOT": False, "BLOCK_SIZE": 16, "BLOCK_G": t.block_g, "BLOCK_N": t.block_n,
+            "BLOCK_D": t.block_d}, t.num_warps, 3, _launch_values("_decode_partial_kernel", 16, 32)))
     cases.append((attn_k._decode_reduce_kernel, reduce_ptrs, {"BLOCK_SPLITS": 16, "BLOCK_D": 128}, 4, 3,
                   _launch_values("_decode_reduce_kernel", 4, 128)))
     t, hd = cache_ops.write_kv_tiles(8, 128, interpret=False)
@@ -213,7 +221,8 @@ def _cases(dtype: str, attn_k, cache_k, fast: bool, merge_k=None) -> list[tuple]
         t = attention.decode_tiles(4, 128, 8192, False, attention.decode_uses_dot(4, False, element_size))
         cases.append((attn_k._decode_partial_kernel, fp8_ptrs, {
             "PAGED": True, "USE_DOT": t.use_dot, "BLOCK_SIZE": 16, "BLOCK_G": t.block_g, "BLOCK_N": t.block_n,
-            "BLOCK_D": t.block_d, "KV_FP8": True}, t.num_warps, 3, _launch_values("_decode_partial_kernel", 4, 128)))
+            "BLOCK_D": t.block_d, "KV_FP8": True}, t.num_warps,
+            t.num_stages or 3, _launch_values("_decode_partial_kernel", 4, 128)))
         pinned = attention.prefill_tiles(4, 128, 512, False, True, element_size)
         cases.append((attn_k._prefill_kernel, fp8_ptrs, {
             "USE_DOT": True, "BLOCK_SIZE": 16, "BLOCK_G": pinned.block_g, "BLOCK_D": pinned.block_d,
@@ -272,6 +281,9 @@ def _compile_all(argv: list[str]) -> int:
                 found.append(f"spills ({stack} bytes of stack)")
             if fn.fn.__name__ == "_prefill_kernel" and dtype != "fp32" and tensor_ops == 0:
                 found.append("no tensor-core instruction")
+            if not consts.get("USE_DOT", True) and "tt.dot" in compiled.asm["ttir"]:
+                # the combiner turned a broadcast product into a dot, whose precision is the Triton version's
+                found.append("a broadcast product compiled into tt.dot (TF32 on some Triton versions)")
             problems += [f"{name}: {f}" for f in found]
             rows.append({"dtype": dtype, "kernel": fn.fn.__name__, "out": ptrs.get("out_ptr", "-"),
                          "constexprs": {k: v for k, v in consts.items()}, "num_warps": warps,

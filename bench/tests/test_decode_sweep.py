@@ -9,14 +9,14 @@ from pagedbench.kernels import attention
 TINY = kernel_study.Workload(2, 40, 4, 4, 2, 16, "float32")
 
 
-def _plan(block_g: int, block_n: int, splits: int, prefetch: bool) -> attention.DecodePlan:
-    return attention.DecodePlan(attention.DecodeTiles(block_g, block_n, 16, 4, False, None, prefetch), splits)
+def _plan(block_g: int, block_n: int, splits: int) -> attention.DecodePlan:
+    return attention.DecodePlan(attention.DecodeTiles(block_g, block_n, 16, 4, False), splits)
 
 
 def test_sweep_times_correct_plans_and_never_ranks_a_wrong_one():
-    good = [decode_sweep.Candidate(True, _plan(2, 8, s, pf)) for s in (1, 3) for pf in (False, True)]
-    good.append(decode_sweep.Candidate(False, _plan(2, 8, 2, False)))
-    wrong = decode_sweep.Candidate(True, _plan(1, 8, 1, False))  # half of each GQA group never computed
+    good = [decode_sweep.Candidate(True, _plan(2, n, s)) for s in (1, 3) for n in (8, 16)]
+    good.append(decode_sweep.Candidate(False, _plan(2, 8, 2)))
+    wrong = decode_sweep.Candidate(True, _plan(1, 8, 1))  # half of each GQA group never computed
     timed = []
 
     def timer(fn):
@@ -33,6 +33,6 @@ def test_sweep_times_correct_plans_and_never_ranks_a_wrong_one():
 
 
 def test_sweep_stops_starting_plans_at_its_deadline():
-    cands = [decode_sweep.Candidate(True, _plan(2, 8, 1, False))] * 3
+    cands = [decode_sweep.Candidate(True, _plan(2, 8, 1))] * 3
     res = decode_sweep.sweep_workload(TINY, cands, lambda fn: 1.0, time.monotonic() - 1, torch.device("cpu"))
     assert res["rows"] == [] and res["not_run_past_time_limit"] == 3
