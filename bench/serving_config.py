@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pagedbench.bench import workloads
+from pagedbench.bench import trace_formats, workloads
 from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
@@ -42,7 +42,9 @@ class Setting:
 @dataclass(frozen=True, slots=True)
 class Dataset:
     name: str
-    dataset: str
+    dataset: str = ""  # a synthetic dataset (workloads.DATASETS), or
+    trace: str = ""  # a request trace: a shipped trace's name or a file (bench/trace_spans.py replays it)
+    over_context: str = "drop"  # a trace's requests past max_seq_len: drop or clip (never error mid-study)
     shared_prefix_len: int = 0  # tokens of a system prompt every request starts with
     prefix_caching: bool = False  # the paged manager's prefix cache (Orca cannot share)
     max_seq_len: int | None = None  # overrides the setting's (checked against the model's context too)
@@ -134,9 +136,18 @@ def _check(path: Path, cfg: StudyConfig) -> None:
                     f"{slots} KV slots of {s.model} on {s.hardware}; set a smaller max_seq_len")
     names = {s.name for s in cfg.settings}
     for d in cfg.datasets:
-        if d.dataset not in workloads.DATASETS:
+        if bool(d.dataset) == bool(d.trace):
+            raise ServingConfigError(f"{path}: dataset {d.name!r}: give either dataset or trace, not "
+                                     f"{'both' if d.dataset else 'neither'}")
+        if d.dataset and d.dataset not in workloads.DATASETS:
             raise ServingConfigError(f"{path}: dataset {d.name!r}: unknown dataset {d.dataset!r}; known: "
                                      f"{', '.join(workloads.DATASETS)}")
+        if d.trace and not (d.trace in trace_formats.SHIPPED or Path(d.trace).is_file()):
+            raise ServingConfigError(f"{path}: dataset {d.name!r}: trace {d.trace!r} is neither a shipped trace "
+                                     f"({', '.join(trace_formats.SHIPPED)}) nor a file")
+        if d.trace and (d.over_context not in ("drop", "clip") or d.shared_prefix_len):
+            raise ServingConfigError(f"{path}: dataset {d.name!r}: a trace takes over_context drop or clip (got "
+                                     f"{d.over_context!r}) and no shared_prefix_len (its prompts are its own)")
         _positive_span(path, f"dataset {d.name!r}", d.span_s)
         if d.settings and set(d.settings) - names:
             raise ServingConfigError(f"{path}: dataset {d.name!r}: unknown settings "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, workloads
+from pagedbench.bench import records, trace_formats, trace_spans, workloads
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.serving_config import Dataset, Setting
 from pagedbench.bench.serving_metrics import request_metrics, summarize
@@ -63,7 +63,8 @@ class Point:
     cost_scale: tuple[tuple[str, float], ...] = ()  # (term, factor): the sensitivity analysis
 
     def key(self, cost: StepCostModel) -> str:
-        blob = json.dumps([SIM_VERSION, dataclasses.asdict(self), dataclasses.asdict(cost)], sort_keys=True)
+        data = trace_spans.sha256(self.dataset.trace) if self.dataset.trace else None
+        blob = json.dumps([SIM_VERSION, dataclasses.asdict(self), dataclasses.asdict(cost), data], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -99,7 +100,10 @@ def step_time_fn(cost: StepCostModel):
 
 
 def span_trace(d: Dataset, rate: float, span_s: float, seed: int, max_seq_len: int) -> tuple:
-    """The Poisson arrivals of ``[0, span_s)`` at ``rate`` with the dataset's lengths."""
+    """The Poisson arrivals of ``[0, span_s)`` at ``rate`` with the dataset's lengths; for a trace, its
+    requests replayed at mean ``rate`` (:func:`pagedbench.bench.trace_spans.span`)."""
+    if d.trace:
+        return trace_spans.span(trace_spans.load(d.trace, max_seq_len, d.over_context).requests, rate, span_s, seed)
     n = max(1, math.ceil(rate * span_s + 6 * math.sqrt(rate * span_s) + 10))  # more than the span holds
     trace = workloads.synthetic(d.dataset, n, rate=rate, seed=seed, max_seq_len=max_seq_len - d.shared_prefix_len)
     trace = tuple(r for r in trace if r.arrival_s < span_s) or trace[:1]
@@ -110,9 +114,13 @@ def span_trace(d: Dataset, rate: float, span_s: float, seed: int, max_seq_len: i
     return trace
 
 
-def _prompt_tokens(shared: int):
-    """Prompt token ids: the shared prefix (token 1) then tokens unique to the request (its id + 2, so
-    no two requests share a block past the prefix)."""
+def _prompt_tokens(d: Dataset):
+    """Prompt token ids: a trace's own (shared blocks where it names them: Mooncake's hash ids); else the
+    shared prefix (token 1) then tokens unique to the request (its id + 2, so no two requests share a
+    block past the prefix)."""
+    if d.trace:
+        return trace_formats.prompt_token_ids
+    shared = d.shared_prefix_len
     prefix = [1] * shared
 
     def tokens(r) -> list[int]:
@@ -147,7 +155,7 @@ def run_point(p: Point) -> dict:
     trace = span_trace(p.dataset, p.rate, span, p.seed, p.max_seq_len)
     start = time.perf_counter()
     r = simulate(trace, p.allocator, _sim_config(p), step_time_s=step_time_fn(cost), account=p.account,
-                 prompt_tokens=_prompt_tokens(p.dataset.shared_prefix_len))
+                 prompt_tokens=_prompt_tokens(p.dataset))
     wall = time.perf_counter() - start
     o = r.overload
     window = o.window_s[1] - o.window_s[0]

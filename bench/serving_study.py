@@ -29,8 +29,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from pagedbench.bench import arrivals, records, trace_spans, workloads
 from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, workloads
 from pagedbench.bench.capacity_search import find_capacity
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.serving_config import CONFIG, Dataset, Setting, StudyConfig, load_config
@@ -42,10 +42,26 @@ __all__ = ["CONFIG", "SIM_VERSION", "load_config", "main", "run_study"]
 def low_load_rate(setting: Setting, dataset: Dataset, max_seq_len: int) -> float:
     """A rate at which requests hardly ever overlap: one arrival per 50 mean request durations."""
     cost = cost_model(setting)
-    stats = workloads.DATASETS[dataset.dataset]
-    ctx = min(stats.mean_prompt + stats.mean_output / 2, max_seq_len)
+    if dataset.trace:
+        mean_prompt, mean_output = trace_spans.mean_lengths(dataset.trace, max_seq_len, dataset.over_context)
+    else:
+        stats = workloads.DATASETS[dataset.dataset]
+        mean_prompt, mean_output = stats.mean_prompt, stats.mean_output
+    ctx = min(mean_prompt + mean_output / 2, max_seq_len)
     per_token = cost.time_from_totals_s(1, 1, int(ctx))
-    return 1.0 / (50 * stats.mean_output * per_token)
+    return 1.0 / (50 * mean_output * per_token)
+
+
+def trace_record(setting: Setting, dataset: Dataset, max_seq_len: int) -> dict:
+    """What a trace dataset served on a setting: its requests, those dropped or clipped at
+    ``max_seq_len``, their mean lengths and the trace's own mean rate."""
+    t = trace_spans.load(dataset.trace, max_seq_len, dataset.over_context)
+    prompt, output = trace_spans.mean_lengths(dataset.trace, max_seq_len, dataset.over_context)
+    return {"setting": setting.name, "dataset": dataset.name, "trace": dataset.trace,
+            "sha256": trace_spans.sha256(dataset.trace), "format": t.format, "max_seq_len": max_seq_len,
+            "over_context": t.over_context, "num_rows": t.num_rows, "num_served": len(t.requests),
+            "num_dropped": t.num_dropped, "num_clipped": t.num_clipped, "mean_prompt": prompt, "mean_output": output,
+            "trace_rate_rps": arrivals.mean_rate(t.requests)}
 
 
 def criteria(thresholds: tuple[float, ...], slos: tuple[str, ...]) -> list[str]:
@@ -159,7 +175,9 @@ def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
     prices = {s.name: load_hardware(s.hardware).price_per_gpu_hour_usd for s in cfg.settings}
     settings = {s.name: {"model": s.model, "hardware": s.hardware, "note": s.note,
                          "context": load_model(s.model).max_position_embeddings} for s in cfg.settings}
-    return {"config": dataclasses.asdict(cfg), "sim_version": SIM_VERSION, "settings": settings,
+    traces = [trace_record(s, d, cfg.max_seq_len(s, d)) for s in cfg.settings for d in cfg.datasets
+              if d.trace and d.runs_on(s)]
+    return {"config": dataclasses.asdict(cfg), "sim_version": SIM_VERSION, "settings": settings, "traces": traces,
             "kv_slots": {k: {"num_slots": v.num_slots, "derivation": v.lines()} for k, v in slots.items()},
             "cost_models": {s.name: dataclasses.asdict(cost_model(s)) for s in cfg.settings},
             "prices_usd_per_gpu_hour": prices, "criteria": names, "searches": results, "memory": memory}

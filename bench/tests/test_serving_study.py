@@ -79,6 +79,13 @@ def setting(**kw) -> dict:
      "max_seq_len 131072 exceeds the 49809 KV slots of llama-3.1-8b on l4"),
     ({**TINY, "span_s": 0}, "span_s: span_s must be a positive number of seconds, got 0"),
     (setting(span_s=-60), "setting 'opt-13b@a100-40gb': span_s must be a positive number of seconds, got -60"),
+    ({**TINY, "datasets": [{"name": "x"}]}, "dataset 'x': give either dataset or trace, not neither"),
+    ({**TINY, "datasets": [{"name": "x", "dataset": "sharegpt", "trace": "azure-conv"}]},
+     "dataset 'x': give either dataset or trace, not both"),
+    ({**TINY, "datasets": [{"name": "x", "trace": "azure-chat"}]},
+     "trace 'azure-chat' is neither a shipped trace \\(azure-conv, azure-code, mooncake-conv"),
+    ({**TINY, "datasets": [{"name": "x", "trace": "azure-conv", "over_context": "error"}]},
+     "a trace takes over_context drop or clip \\(got 'error'\\)"),
 ])
 def test_bad_config_names_the_option_and_writes_nothing(tmp_path, doc, message):
     path = write(tmp_path, doc)
@@ -104,3 +111,21 @@ def test_an_overloaded_point_fails_every_criterion_whatever_its_numbers():
     for criterion in ("2.0", "slo:mlperf-llama-3.1-8b"):
         assert not _passes({"overloaded": True, **met}, criterion, 1.0)
         assert not _passes({"overloaded": False}, criterion, 1.0)  # no latency measured: no pass either
+
+
+def test_a_real_trace_is_a_dataset_of_the_study(tmp_path, monkeypatch):
+    """A shipped trace served like a synthetic dataset: its searches, and a record of what it served (the
+    requests past max_seq_len dropped and counted) in the JSON and the report."""
+    monkeypatch.setenv("PAGEDBENCH_SERVING_CACHE", str(tmp_path / "cache"))
+    doc = {**TINY, "datasets": [{"name": "code", "trace": "azure-code"}], "seeds": [0], "bisection_steps": 0,
+           "memory_points": [], "sensitivity": None, "allocators": [TINY["allocators"][1]], "span_s": 20}
+    out = tmp_path / "out"
+    serving_study.main(["--config", str(write(tmp_path, doc)), "--out", str(out), "--no-plots"])
+    res = json.loads((out / "serving.json").read_text())
+    (t,) = res["traces"]
+    assert t["dataset"] == "code" and t["trace"] == "azure-code" and t["max_seq_len"] == 2048
+    assert t["num_dropped"] > 0 and t["num_served"] + t["num_dropped"] == t["num_rows"] == 8819
+    (search,) = res["searches"]
+    assert search["dataset"] == "code" and search["points"]
+    assert "| code " in (out / "serving.md").read_text() and f"{t['num_dropped']:,} dropped" in (
+        out / "serving.md").read_text()
