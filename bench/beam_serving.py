@@ -8,9 +8,9 @@ one sample (the basic-sampling reference), ``n`` = 2/4/6 parallel samples, or a 
 
 - paged (block size 16): a group's samples fork from its computed prompt and its beams fork from each
   other, sharing blocks, copying a shared partial block on write; a pruned beam is freed at once;
-- Orca (Max / Pow2 / Oracle, buddy arena): every sample and every beam holds a reservation of its own
-  (sized by the policy), computed from its own prompt; a beam that forks takes a reservation of its own
-  and a copy of its parent's tokens. Nothing is shared.
+- Orca (Max / Pow2 / Oracle on a buddy arena, and Oracle on first fit): every sample and every beam
+  holds a reservation of its own (sized by the policy), computed from its own prompt; a beam that forks
+  takes a reservation of its own and a copy of its parent's tokens. Nothing is shared.
 
 Which beams survive each round comes from beam trajectories recorded from ``LLM.beam_search`` on the
 tiny random model over Alpaca-like prompts (:func:`pagedbench.bench.beam_study.record_trajectories`,
@@ -20,7 +20,7 @@ The method is the serving study's (:mod:`pagedbench.bench.serving_study`): the P
 span per point, a warm-up and cool-down left out, the overload test, and per (group, manager, seed) the
 capacity: the highest rate whose normalized latency stays below ``threshold`` x the low-load value of
 the paged manager for that group. The ratio of paged to Orca (Oracle) capacities over the seeds is
-paired (the same arrivals). Writes ``results/beam_serving.{json,md}``.
+paired (the same arrivals). Writes ``results/beam_serving.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from pagedbench.bench.serving_study import low_load_rate, search
 #: and beam width 6; the other panels are given as plots only
 PAPER_RATIO = {"n=1": 1.3, "beam=6": 2.3}
 
+# Oracle on first fit too: Orca's waste without the buddy arena's rounding
 ALLOCATORS = (AllocatorSpec("orca", 1, "max"), AllocatorSpec("orca", 1, "pow2"), AllocatorSpec("orca", 1, "oracle"),
-              AllocatorSpec("paged", 16))
+              AllocatorSpec("orca", 1, "oracle", "first_fit"), AllocatorSpec("paged", 16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class BeamServingConfig:
                                            ("beam", 2), ("beam", 4), ("beam", 6))
     allocators: tuple[AllocatorSpec, ...] = ALLOCATORS
     threshold: float = 2.0  # the latency line: threshold x the low-load normalized latency
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0, 1, 2)  # the same arrivals for every manager per seed: ratios are paired
     span_s: float = 60.0
     low_load_requests: int = 60
     warmup_frac: float = 0.1
@@ -71,8 +72,8 @@ class BeamServingConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     watermark: float = 0.01
-    bisection_steps: int = 3
-    workers: int = 2
+    bisection_steps: int = 5  # after x4 bracketing: capacities to within 4 ** (1 / 32) = 4.4%
+    workers: int = 2  # simulations run in parallel processes
     num_trajectories: int = 4  # recorded searches per width (the memory study's)
     trajectory_rounds: int = 256
     trajectory_model: str = "tiny"
@@ -90,7 +91,7 @@ class BeamServingConfig:
 
 
 QUICK = BeamServingConfig()
-FULL = dataclasses.replace(QUICK, seeds=(0, 1, 2), span_s=600.0, bisection_steps=5)
+FULL = dataclasses.replace(QUICK, seeds=(0, 1, 2, 3, 4), span_s=600.0, bisection_steps=6)
 TINY = dataclasses.replace(QUICK, groups=(("parallel", 2), ("beam", 4)), seeds=(0,), span_s=20.0, low_load_requests=10,
                            bisection_steps=1, workers=1, num_trajectories=1, trajectory_rounds=8, max_seq_len=512)
 
@@ -182,8 +183,9 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.beam_serving", description=__doc__)
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
-    parser.add_argument("--full", action="store_true", help="3 seeds, the paper's 10-minute spans, finer bisection")
-    parser.add_argument("--tiny", action="store_true", help="two groups on a tiny grid (the tests' run)")
+    parser.add_argument("--full", action="store_true", help="5 seeds, 10-minute spans, finer bisection")
+    parser.add_argument("--tiny", action="store_true", help="two groups on a tiny grid (a quick look)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
     args = parser.parse_args(argv)
     cfg = TINY if args.tiny else FULL if args.full else QUICK
     start = time.perf_counter()
@@ -196,6 +198,8 @@ def main(argv: list[str]) -> None:
     text = beam_serving_report.markdown(doc)
     records.write_json(out / "beam_serving.json", doc)
     records.write_text(out / "beam_serving.md", text)
+    if not args.no_plots:
+        beam_serving_report.plot(doc, out)
     print(text)
 
 
