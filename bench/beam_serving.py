@@ -92,8 +92,6 @@ class BeamServingConfig:
 
 QUICK = BeamServingConfig()
 FULL = dataclasses.replace(QUICK, seeds=(0, 1, 2, 3, 4), span_s=600.0, bisection_steps=6)
-TINY = dataclasses.replace(QUICK, groups=(("parallel", 2), ("beam", 4)), seeds=(0,), span_s=20.0, low_load_requests=10,
-                           bisection_steps=1, workers=1, num_trajectories=1, trajectory_rounds=8, max_seq_len=512)
 
 
 def record(cfg: BeamServingConfig) -> dict[int, tuple]:
@@ -184,10 +182,9 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.beam_serving", description=__doc__)
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
     parser.add_argument("--full", action="store_true", help="5 seeds, 10-minute spans, finer bisection")
-    parser.add_argument("--tiny", action="store_true", help="two groups on a tiny grid (a quick look)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
     args = parser.parse_args(argv)
-    cfg = TINY if args.tiny else FULL if args.full else QUICK
+    cfg = FULL if args.full else QUICK
     start = time.perf_counter()
     trajectories = record(cfg)
     doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
