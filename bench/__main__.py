@@ -14,7 +14,7 @@ import time
 
 STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "calibrate_online",
            "host_cost", "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
-           "load_speed", "beam_study")
+           "load_speed", "beam_study", "beam_serving")
 COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
             "serve-sim": "serve_sim", "loadgen": "loadgen",
             "server_overhead": "server_overhead"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from pagedbench.bench import environment as env_mod
 from pagedbench.bench import records, trace_formats, trace_spans, workloads
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
+from pagedbench.bench.group_replay import GroupSpec
 from pagedbench.bench.serving_config import Dataset, Setting
 from pagedbench.bench.serving_metrics import request_metrics, summarize
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
@@ -61,10 +62,16 @@ class Point:
     account: bool
     method: Method
     cost_scale: tuple[tuple[str, float], ...] = ()  # (term, factor): the sensitivity analysis
+    group: GroupSpec | None = None  # each request's n samples or beams (None: one sample)
 
     def key(self, cost: StepCostModel) -> str:
-        data = trace_spans.sha256(self.dataset.trace) if self.dataset.trace else None
-        blob = json.dumps([SIM_VERSION, dataclasses.asdict(self), dataclasses.asdict(cost), data], sort_keys=True)
+        point = dataclasses.asdict(self)
+        if self.group is None:  # the key of a one-sample point is what it was before groups existed
+            del point["group"]
+        parts = [SIM_VERSION, point, dataclasses.asdict(cost)]
+        if self.dataset.trace:  # a trace's point follows the file's content, not its name
+            parts.append(trace_spans.sha256(self.dataset.trace))
+        blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -155,7 +162,7 @@ def run_point(p: Point) -> dict:
     trace = span_trace(p.dataset, p.rate, span, p.seed, p.max_seq_len)
     start = time.perf_counter()
     r = simulate(trace, p.allocator, _sim_config(p), step_time_s=step_time_fn(cost), account=p.account,
-                 prompt_tokens=_prompt_tokens(p.dataset))
+                 prompt_tokens=_prompt_tokens(p.dataset), group=p.group)
     wall = time.perf_counter() - start
     o = r.overload
     window = o.window_s[1] - o.window_s[0]

@@ -6,6 +6,8 @@ EngineCore` with ``max_tokens = output_len`` (and ``ignore_eos``); the loop is t
 preemption (recompute) and the block accounting are exactly the engine's. A step lasts what
 ``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
 (:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival.
+A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
+trajectories (:mod:`pagedbench.bench.group_replay`); it completes when its last sequence does.
 
 The KV manager is the paged :class:`~pagedbench.refengine.BlockManager` (kept ``watermark`` of its
 blocks free at admission, as vLLM does) or Orca's contiguous reservations
@@ -53,6 +55,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedbench.bench.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager, RowExecutor
 from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.sim_fast_forward import FastForward
 from pagedbench.bench.workloads import Request
@@ -184,23 +187,32 @@ def constant_step(step_s: float) -> Callable[[StepShape], float]:
     return lambda shape: step_s
 
 
-def _manager(spec: AllocatorSpec, cfg: SimConfig):
+def _manager(spec: AllocatorSpec, cfg: SimConfig, group: GroupSpec | None = None):
     if spec.kind == "paged":
         return BlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
                             enable_prefix_caching=cfg.enable_prefix_caching)
     if spec.kind == "orca":
-        return ContiguousBlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
+        # beams fork on Orca too: into a reservation of their own (bench.group_replay)
+        cls = PerBeamContiguousManager if group is not None and group.is_beam else ContiguousBlockManager
+        return cls(cfg.kv_slots // spec.block_size, spec.block_size,
                                       max_seq_len=cfg.max_seq_len, policy=spec.policy, placement=spec.placement)
     raise ValueError(f"allocator kind must be 'paged' or 'orca', got {spec.kind!r}")
 
 
-def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int) -> None:
+def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int, bm, width: int = 1) -> None:
+    footprint = getattr(bm, "footprint_blocks", None)
     for r in trace:
         if r.total_len > cfg.max_seq_len:
             raise ValueError(f"request {r.request_id}: {r.total_len} tokens exceed max_seq_len {cfg.max_seq_len}")
         if r.total_len - 1 > total:  # the last sampled token is never stored
             raise ValueError(f"request {r.request_id}: stores {r.total_len - 1} tokens, more than the pool's "
                              f"{total} slots")
+        if width > 1:  # recomputed after a preemption, a group's sequences share nothing
+            per_seq = (footprint(r.prompt_len, output_len=r.output_len) if footprint is not None
+                       else -(-(r.total_len - 1) // bm.block_size))
+            if width * per_seq > bm.num_blocks:
+                raise ValueError(f"request {r.request_id}: {width} sequences of {per_seq} blocks each can never fit "
+                                 f"the pool's {bm.num_blocks} blocks")
 
 
 class _Accounting:
@@ -225,20 +237,28 @@ class _Run:
                  step_time_s: Callable[[StepShape], float], record_steps: bool, account: bool,
                  prompt_tokens: Callable[[Request], list[int]] | None,
                  make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None,
-                 fast_forward: bool = False) -> None:
-        self.bm = (make_manager or _manager)(spec, cfg)
+                 fast_forward: bool = False, group: GroupSpec | None = None) -> None:
+        group = group if group is not None and group.kind != "sample" else None
+        self.group = group
+        if group is not None and account and spec.kind == "paged":
+            raise ValueError("the memory accounting counts each sequence's blocks, which double-counts the "
+                             "blocks a group shares: simulate a group with account=False")
+        self.bm = make_manager(spec, cfg) if make_manager else _manager(spec, cfg, group)
         self.bs = spec.block_size
         self.total = self.bm.num_blocks * self.bs
-        _check_trace(trace, cfg, self.total)
+        _check_trace(trace, cfg, self.total, self.bm, group.width if group else 1)
         self.spec, self.cfg, self.record = spec, cfg, record_steps
         watermark = math.ceil(cfg.watermark * self.bm.num_blocks) if spec.kind == "paged" else 0
         self.sched = Scheduler(self.bm, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.token_budget,
                                stop=StopRule(frozenset(), cfg.max_seq_len), policy=cfg.policy,
                                prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
         executor = SimulatedExecutor(step_time_s)
+        if group is not None and group.is_beam:
+            executor = RowExecutor(executor)
         self.clock = SimClock()
         self.core = EngineCore(self.sched, _Accounting(executor, self, account),
                                clock=self.clock, can_fork=spec.kind == "paged")
+        self.beams = BeamReplay(self.core, group) if group is not None and group.is_beam else None
         self.pending = deque(sorted(trace, key=lambda r: (r.arrival_s, r.request_id)))
         last = self.pending[-1].arrival_s if self.pending else 0.0
         if cfg.span_s is not None:
@@ -263,20 +283,25 @@ class _Run:
         self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
         self.running_sum = 0
         self.steps: list[StepRecord] = []
-        fast = fast_forward and not account and not record_steps and FastForward.applies(self)
+        fast = fast_forward and group is None and not account and not record_steps and FastForward.applies(self)
         self.fast = FastForward(self) if fast else None
 
     def _arrive(self) -> None:
         now, core = self.clock.now(), self.core
         while self.pending and self.pending[0].arrival_s <= now:
             r = self.pending.popleft()
-            req = core.new_request(self.prompt_tokens(r), SamplingParams(max_tokens=r.output_len, ignore_eos=True),
-                                   arrival_s=r.arrival_s)
+            n = self.group.width if self.group is not None else 1
+            req = core.new_request(self.prompt_tokens(r), SamplingParams(max_tokens=r.output_len, ignore_eos=True,
+                                                                         n=n), arrival_s=r.arrival_s)
             core.add(req)
+            if self.beams is not None:
+                self.beams.add(req)
             self.requests.append((r, req))
             if self.window[0] <= r.arrival_s <= self.window[1]:
                 self.arrived_in_window += 1
-                self.timing[req.children[0].seq_id] = [r, None, []]
+                # a group is timed as a whole, by request id (a beam may be pruned, a sample finish early)
+                key = req.children[0].seq_id if self.group is None else req.request_id
+                self.timing[key] = [r, None, [], req]
 
     def account(self) -> None:
         sched, bm, bs = self.sched, self.bm, self.bs
@@ -336,12 +361,42 @@ class _Run:
         self.generated += len(report.sampled)
         self.peak = max(self.peak, len(self.sched.running) + len(report.finished))
         self.num_steps += 1
-        return self._observe(report)
+        if self.group is None:
+            return self._observe(report, [seq.seq_id for seq in report.finished])
+        return self._observe(report, self._observe_group(report))
 
-    def _observe(self, report) -> bool:
-        """Token times of the measured requests and the overload test; False when the run may stop."""
+    def _observe_group(self, report) -> list[int]:
+        """A group step's token times (a request's k-th token is out once every sample has k tokens, or
+        once its beams advanced k rounds) and the ids of the requests it completed."""
+        if self.beams is not None:
+            before = self.beams.num_generated
+            done = [req.request_id for req in self.beams.after_step(report)]
+            self.generated += self.beams.num_generated - before
+        else:
+            requests = self.core.requests
+            done = list(dict.fromkeys(seq.request_id for seq in report.finished if seq.request_id not in requests))
+        timing, seen = self.timing, set()
+        for c in report.output.chunks:
+            rid = c.seq.request_id
+            entry = timing.get(rid)
+            if entry is None or rid in seen:
+                continue
+            seen.add(rid)
+            if entry[1] is None:
+                entry[1] = report.start_s
+            children = entry[3].children
+            out = (max(s.num_output_tokens for s in children) if self.beams is not None
+                   else min(s.num_output_tokens for s in children))
+            times = entry[2]
+            while len(times) < out:
+                times.append(report.end_s)
+        return done
+
+    def _observe(self, report, done: list[int]) -> bool:
+        """Token times of the measured requests and the overload test; False when the run may stop.
+        ``done``: the timing keys (sequence ids, or request ids for groups) of what completed."""
         timing = self.timing
-        if timing:
+        if timing and self.group is None:
             for c in report.output.chunks:
                 entry = timing.get(c.seq.seq_id)
                 if entry is not None and entry[1] is None:
@@ -352,11 +407,11 @@ class _Run:
                     entry[2].append(report.end_s)
         w0, w1 = self.window
         end = report.end_s
-        for seq in report.finished:
-            if seq.seq_id in timing:
+        for key in done:
+            if key in timing:
                 self.num_measured_left -= 1
         if w0 <= end <= w1:
-            self.completed_in_window += len(report.finished)
+            self.completed_in_window += len(done)
             if (self.cfg.stop_on_overload
                     and self.arrived_in_window - self.completed_in_window > 2 * self.allowance):
                 self.overloaded = self.stopped_early = True
@@ -385,7 +440,7 @@ class _Run:
             overload = Overload(self.window, until, arrivals, self.completed_in_window, self.allowance,
                                 self.overloaded, self.stopped_early)
         timings = tuple(RequestTiming(r.request_id, r.arrival_s, r.prompt_len, r.output_len, first, tuple(times))
-                        for r, first, times in self.timing.values())
+                        for r, first, times, _ in self.timing.values())
         return SimResult(self.spec.name, self.total, self.num_steps, self.num_measured, shares,
                          self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
                          self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat),
@@ -397,7 +452,7 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
              account: bool = True, prompt_tokens: Callable[[Request], list[int]] | None = None,
              on_step: Callable[[], None] | None = None,
              make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None,
-             fast_forward: bool = True) -> SimResult:
+             fast_forward: bool = True, group: GroupSpec | None = None) -> SimResult:
     """Serve ``trace`` with ``spec``'s KV manager under ``cfg`` (see the module docstring).
 
     ``step_time_s``: each step's duration from its shape (default: ``cfg.step_s``, constant).
@@ -407,9 +462,11 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
     manager in place of the default one for ``spec`` (a recording subclass, say). ``fast_forward``: serve
     runs of decode steps in one go (:mod:`pagedbench.bench.sim_fast_forward`; the same schedule, and
     ``on_step`` is then called once per run), unless the memory is accounted or steps recorded.
+    ``group``: each request's decoding (:class:`~pagedbench.bench.group_replay.GroupSpec`: ``n`` parallel
+    samples, or a replayed beam search); a group's latency runs to its last sequence's end.
     """
     run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
-               prompt_tokens, make_manager, fast_forward)
+               prompt_tokens, make_manager, fast_forward, group)
     while run.step():
         if on_step is not None:
             on_step()
