@@ -25,7 +25,11 @@ class Capabilities:
     block_sizes: frozenset[int] | None = None  # the block sizes it accepts; None: any
     supports_num_splits: bool = True  # honours num_splits= (split-K decode)
     zero_length_rows: bool = True  # sequences of length 0 (decode) / with 0 queries (prefill)
-    batch_invariant: bool = True  # a sequence alone or in a batch gives bit-identical rows
+    batch_invariant: bool = True  # a sequence alone or in a batch gives bit-identical rows (split count pinned)
+    # its own dispatch (num_splits=None, its own tile choices) gives a sequence bit-identical rows whatever
+    # its neighbours (their number, lengths, the table's width): off unless declared, since launchers
+    # commonly choose split-K and tiles by the batch
+    batch_invariant_dispatch: bool = False
     sliding_window: bool = True  # sliding_window=
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES  # the dtypes it claims
     # float8_e4m3fn K/V caches, with per-tensor k_scale= / v_scale= keywords on write_kv, paged_decode and
@@ -41,6 +45,7 @@ class Capabilities:
             "supports_num_splits": self.supports_num_splits,
             "zero_length_rows": self.zero_length_rows,
             "batch_invariant": self.batch_invariant,
+            "batch_invariant_dispatch": self.batch_invariant_dispatch,
             "sliding_window": self.sliding_window,
             "dtypes": [str(d).removeprefix("torch.") for d in self.dtypes],
             "fp8_kv_cache": self.fp8_kv_cache,

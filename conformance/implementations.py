@@ -1,6 +1,7 @@
 """The built-in implementations the suite checks. Each registers itself with the adapter registry.
 
 * ``triton`` -- ours: the Triton kernels (``kernels``) and ``refengine.BlockManager``.
+* ``triton-batch-invariant`` -- the same with ``batch_invariant=True`` (rows independent of neighbours).
 * ``torch``  -- the pure-torch references in ``kernels.reference`` (numerics only).
 * ``flex``   -- PyTorch's own paged FlexAttention (written by nobody here; see ``flex_adapter``).
 * ``mutant-*`` -- deliberately broken implementations for the mutation check (see ``mutants``);
@@ -71,11 +72,26 @@ class TritonImplementation(Implementation):
         return copy_blocks(*args, **kwargs)
 
 
+@register("triton-batch-invariant")
+class TritonBatchInvariantImplementation(TritonImplementation):
+    """Ours with ``batch_invariant=True``: one split per sequence and tiles chosen for no batch, so a
+    sequence's rows do not depend on its neighbours (the launchers refuse a split count then)."""
+
+    capabilities = Capabilities(fp8_kv_cache=True, supports_num_splits=False, batch_invariant_dispatch=True)
+
+    def paged_decode(self, *args, **kwargs):
+        return super().paged_decode(*args, batch_invariant=True, **kwargs)
+
+    def paged_prefill(self, *args, **kwargs):
+        return super().paged_prefill(*args, batch_invariant=True, **kwargs)
+
+
 @register("torch")
 class TorchReferenceImplementation(Implementation):
-    """The pure-torch references of ``kernels.reference`` (on the CPU)."""
+    """The pure-torch references of ``kernels.reference`` (on the CPU; one sequence at a time, so
+    invariant to its neighbours)."""
 
-    capabilities = Capabilities(fp8_kv_cache=True)
+    capabilities = Capabilities(fp8_kv_cache=True, batch_invariant_dispatch=True)
 
     def paged_decode(self, *args, **kwargs):
         from pagedbench.kernels import reference

@@ -26,6 +26,7 @@ from pagedbench.kernels.attention_kernels import (
 )
 from pagedbench.kernels.validation import (
     FP8_DTYPES,
+    check_batch_invariant,
     check_contiguous_decode,
     check_paged_decode,
     check_paged_prefill,
@@ -47,6 +48,9 @@ def _check_interpreter_mode() -> None:
 
 MIN_KEYS_PER_SPLIT = 512  # a split shorter than this costs more to merge than it gains
 MAX_SPLITS = 16
+#: the context the tiles of ``batch_invariant=True`` are chosen for, whatever the batch's longest: tiles
+#: (and with them the order of every reduction) then depend on nothing a neighbour can change
+INVARIANT_CONTEXT = 1 << 20
 
 
 SPECIALISED_BLOCK_SIZES = (16, 32, 64, 128)  # compiled with block_size a constexpr (shifts, masks)
@@ -245,7 +249,8 @@ def _decode(q, k, v, block_tables, seq_lens, *, paged, block_size, scale, slidin
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
+                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None,
+                 batch_invariant=False):
     """Attention of one query per sequence (at its last position) over its paged K/V.
 
     q ``[num_seqs, num_heads, head_dim]`` float32/float16/bfloat16; k_cache, v_cache ``[num_blocks,
@@ -256,13 +261,23 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
     ``return_lse``, lse float32 ``[num_seqs, num_heads]``.
     fp8 caches (``torch.float8_e4m3fn``, whatever q's dtype) hold ``k / k_scale`` and ``v / v_scale``
     (``write_kv``): keys read back as ``k_cache * k_scale``, values as ``v_cache * v_scale`` (None: 1.0).
+    ``batch_invariant=True``: a sequence's rows are bit-identical whatever else is in the batch (one split
+    per sequence, tiles chosen for :data:`INVARIANT_CONTEXT` rather than the batch's longest context); the
+    price is split-K's parallelism for long contexts in small batches.
     """
+    check_batch_invariant(batch_invariant, num_splits)
     shape = check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                sliding_window=sliding_window, num_splits=num_splits, out=out,
                                validate=validate, fp8=True, k_scale=k_scale, v_scale=v_scale)
+    max_context = shape.max_blocks * shape.block_size
+    plan = None
+    if batch_invariant:
+        plan = plan_decode(shape.num_seqs, shape.num_kv_heads, shape.group_size, shape.head_dim, INVARIANT_CONTEXT,
+                           1, interpret=device.backend().triton_interpret, num_sms=parallelism(),
+                           dtype_bytes=q.element_size())
     out, lse = _decode(q, k_cache, v_cache, block_tables, seq_lens, paged=True, block_size=shape.block_size,
                        scale=scale, sliding_window=sliding_window, num_splits=num_splits, out=out,
-                       max_context=shape.max_blocks * shape.block_size, k_scale=k_scale, v_scale=v_scale)
+                       max_context=max_context, k_scale=k_scale, v_scale=v_scale, plan=plan)
     return (out, lse) if return_lse else out
 
 
@@ -282,7 +297,7 @@ def contiguous_decode(q, k, v, seq_lens, *, scale=None, out=None, validate=None)
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
                   sliding_window=None, out=None, return_lse=False, validate=None, max_query_len=None,
-                  k_scale=None, v_scale=None):
+                  k_scale=None, v_scale=None, batch_invariant=False):
     """Causal attention of each sequence's last ``q_len`` tokens over its paged K/V (already written).
 
     q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]`` (sequence s owns
@@ -290,8 +305,10 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
     like q and, with ``return_lse``, lse float32 ``[total_q_tokens, num_heads]``. Reads cu_seqlens_q
     back to size the grid unless the caller gives ``max_query_len`` (the longest query, known on the
     host: no device sync). Rows owned by no sequence are left untouched. fp8 caches and their scales as
-    :func:`paged_decode`.
+    :func:`paged_decode`. ``batch_invariant=True``: tiles independent of the batch's longest query (on a GPU
+    the autotuner's choice already depends only on head dim, group and block size).
     """
+    check_batch_invariant(batch_invariant)
     shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
                                 sliding_window=sliding_window, out=out, validate=validate, fp8=True,
                                 k_scale=k_scale, v_scale=v_scale)
@@ -325,7 +342,8 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, 
         if use_dot and not interpret:
             _prefill_autotuned()[grid](*args, **fixed)
         else:
-            tiles = prefill_tiles(shape.group_size, shape.head_dim, max_q_len, interpret, use_dot,
+            q_len_for_tiles = INVARIANT_CONTEXT if batch_invariant else max_q_len
+            tiles = prefill_tiles(shape.group_size, shape.head_dim, q_len_for_tiles, interpret, use_dot,
                                   q.element_size())
             _prefill_kernel[grid](*args, **fixed, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n,
                                   num_warps=tiles.num_warps)

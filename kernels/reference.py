@@ -31,6 +31,7 @@ from pagedbench.kernels.validation import (
     FP8_DTYPES,
     FP8_MAX,
     REFERENCE_DTYPES,
+    check_batch_invariant,
     check_contiguous_decode,
     check_copy_blocks,
     check_merge_attn_states,
@@ -114,7 +115,8 @@ def _read_scale(cache: torch.Tensor, scale: float | None) -> float:
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
+                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None,
+                 batch_invariant=False):
     """One query per sequence at its last position.
 
     q ``[num_seqs, num_heads, head_dim]``; k_cache, v_cache ``[num_blocks, block_size, num_kv_heads,
@@ -122,7 +124,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
     Returns out ``[num_seqs, num_heads, head_dim]`` (q's dtype), and with ``return_lse`` also lse
     ``[num_seqs, num_heads]``. ``num_splits`` is checked and ignored (the reference does not split).
     fp8 caches (``torch.float8_e4m3fn``) are read as ``k_cache * k_scale``, ``v_cache * v_scale``.
+    ``batch_invariant`` is checked; the reference is invariant either way (one sequence at a time).
     """
+    check_batch_invariant(batch_invariant, num_splits)
     check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                        sliding_window=sliding_window, num_splits=num_splits, out=out, validate=validate,
                        dtypes=REFERENCE_DTYPES, fp8=True, k_scale=k_scale, v_scale=v_scale)
@@ -133,14 +137,16 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sli
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                  sliding_window=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
+                  sliding_window=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None,
+                  batch_invariant=False):
     """Causal attention of each sequence's last ``q_len`` tokens over its cached K/V.
 
     q ``[total_q_tokens, num_heads, head_dim]``; cu_seqlens_q int32 ``[num_seqs + 1]``: sequence s owns
     rows ``cu_seqlens_q[s] : cu_seqlens_q[s+1]``. Returns out like q, and with ``return_lse`` also lse
     ``[total_q_tokens, num_heads]``. Rows of q not owned by any sequence are left as they were in
-    ``out`` (uninitialised when ``out`` is None).
+    ``out`` (uninitialised when ``out`` is None). ``batch_invariant`` as :func:`paged_decode`.
     """
+    check_batch_invariant(batch_invariant)
     check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
                         sliding_window=sliding_window, out=out, validate=validate, dtypes=REFERENCE_DTYPES,
                         fp8=True, k_scale=k_scale, v_scale=v_scale)

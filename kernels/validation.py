@@ -138,6 +138,16 @@ def check_options(scale: float | None, sliding_window: int | None, num_splits: i
             raise KernelInputError(f"{name} must be an integer >= 1 or None; got {value!r}")
 
 
+def check_batch_invariant(batch_invariant, num_splits: int | None = None) -> None:
+    """``batch_invariant`` a bool; with it, ``num_splits`` None or 1 (a split count chosen for the batch
+    would change a sequence's rounding)."""
+    if not isinstance(batch_invariant, bool):
+        raise KernelTypeError(f"batch_invariant must be True or False; got {batch_invariant!r}")
+    if batch_invariant and num_splits not in (None, 1):
+        raise KernelInputError(f"batch_invariant=True runs one split per sequence; num_splits must be None or 1, "
+                               f"got {num_splits!r}")
+
+
 def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor, dtypes: tuple[torch.dtype, ...],
                      device: torch.device) -> None:
     """K and V caches: 4-D ``[num_blocks, block_size, num_kv_heads, head_dim]``, identical shape/dtype."""

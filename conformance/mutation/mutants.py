@@ -29,7 +29,7 @@ class ControlImplementation(Implementation):
     breaks = "numerics"
     #: the mutation check's own: not offered to users
     listed = False
-    capabilities = Capabilities(fp8_kv_cache=True)
+    capabilities = Capabilities(fp8_kv_cache=True, batch_invariant_dispatch=True)  # one sequence at a time
 
     # --- the hooks the mutants override --------------------------------------------------------------
     def _num_keys(self, seq_len: int) -> int:
@@ -240,6 +240,27 @@ class Fp8PrefixUnscaled(_Mutant):
 
     def _dequantize(self, values, key_pos, first_query, scale):
         return torch.where((key_pos < first_query)[:, None, None], values, values * scale)
+
+
+@register("mutant-batch-dependent-dispatch")
+class BatchDependentDispatch(_Mutant):
+    """Takes a split path for batches of 3 or more sequences (the softmax's LSE merged from two halves of
+    the keys), as a launcher choosing split-K by occupancy does: right everywhere, but a sequence's rows
+    change in their last bits with its neighbours, though it declares that they do not."""
+
+    breaks = "merge_and_shapes"
+
+    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, *args, **kwargs):
+        self._split = len(seq_lens) >= 3
+        return super()._run(q, k_cache, v_cache, block_tables, seq_lens, *args, **kwargs)
+
+    def _softmax(self, scores):
+        n = scores.shape[-1]
+        if not getattr(self, "_split", False) or n < 2:
+            return super()._softmax(scores)
+        lse = torch.logaddexp(torch.logsumexp(scores[..., : n // 2], dim=-1),
+                              torch.logsumexp(scores[..., n // 2 :], dim=-1))
+        return torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0), lse
 
 
 @register("mutant-one-copy-per-source")
