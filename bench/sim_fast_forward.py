@@ -124,7 +124,8 @@ class FastForward:
         for s in running:
             n = len(s.token_ids)
             p = s.params
-            if (s.num_computed_tokens != n - 1 or s.num_table_tokens != n - 1 or s.pending_children or p.n != 1
+            if (s.num_computed_tokens != n - 1 or s.num_table_tokens != n - 1 or s.token_ids[-1] != filler
+                    or s.pending_children or p.n != 1
                     or filler in p.stop_token_ids or (not p.ignore_eos and filler in eos)):
                 return 0
             # the step that samples its last token finishes it: the run ends the step before
@@ -193,8 +194,13 @@ class FastForward:
         fill = [self.executor.filler_token] * k
         for s in running:
             s.token_ids.extend(fill)
-        done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
         bm, bs = self.bm, self.bs
+        if self.paged and not self.sched.prefix_caching:  # no publication to interleave: the rounds at once
+            bm.append_token_rounds([s.seq_id for s in running], self.executor.filler_token, k)
+            for s, e in zip(running, ends):
+                s.num_computed_tokens = s.num_table_tokens = e - 1 + k
+            return
+        done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
         if self.paged:
             takes, publishes = defaultdict(list), defaultdict(list)
             publish = self.sched.prefix_caching
