@@ -16,10 +16,12 @@ finds how many such steps can pass before the first event, and applies them at o
   (nothing frees one inside the run), in the mixed policy the decodes use the whole token budget, or
   (without prefix caching) its allocation is refused now: free blocks only get fewer inside the run,
   so it is refused on every step, and the refusals are made (the managers count them);
-- the block manager's calls are made in the order the steps would make them: every block taken
-  (``append_tokens`` up to and including the token that needs it) in step order and, within a step, in
-  the running order, then that step's blocks published (prefix caching), then the rest of each
-  sequence's tokens. Eviction, publication and block ids are those of step-by-step simulation.
+- the block manager's calls leave the state the steps would leave: without prefix caching, one
+  ``append_token_rounds`` call (the block manager takes the run's blocks round by round, and within a
+  round in the running order, as the steps' ``append_token`` calls would); with it, every block taken
+  (``append_tokens`` up to and including the token that needs it) in step order and, within a step,
+  in the running order, then that step's blocks published, then the rest of each sequence's tokens.
+  Eviction, publication and block ids are those of step-by-step simulation.
 
 Anything else (a prefill chunk, a sequence of a parallel-sampling request, an executor replaying real
 tokens, a stop token equal to the filler) falls back to one real step. The simulator's memory
@@ -33,6 +35,8 @@ from collections import defaultdict
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
 from pagedbench.refengine.errors import OutOfBlocksError
+
+MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as a run than as a real step
 
 
 class FastForward:
@@ -56,9 +60,9 @@ class FastForward:
         return type(ex) is SimulatedExecutor and ex.replay is None
 
     def advance(self, run) -> bool:
-        """Serve a run of at least two decode steps and return True, or change nothing and return False."""
+        """Serve a run of at least ``MIN_RUN`` decode steps and return True, or change nothing and return False."""
         k_max = self._bound(run)
-        if k_max < 2:
+        if k_max < MIN_RUN:
             return False
         running = self.sched.running
         clock, step_time_s = self.clock, self.executor.step_time_s
@@ -118,25 +122,35 @@ class FastForward:
                     return 0
                 self.refused = head
         filler = self.executor.filler_token
-        eos, max_len = sched.stop.eos_token_ids, sched.stop.max_model_len
-        k_max = math.inf
-        starts = []
-        for s in running:
-            n = len(s.token_ids)
+        eos = sched.stop.eos_token_ids
+        k_max = sched.stop.max_model_len  # minus the longest sequence (below)
+        longest = 0
+        held = []  # tokens each sequence's table holds at the run's start
+        for s in running:  # once per running sequence per run: attributes read inline
+            tokens = s.token_ids
+            n = len(tokens)
+            if (s.num_computed_tokens != n - 1 or s.num_table_tokens != n - 1 or tokens[-1] != filler
+                    or s.pending_children):
+                return 0
             p = s.params
-            if (s.num_computed_tokens != n - 1 or s.num_table_tokens != n - 1 or s.token_ids[-1] != filler
-                    or s.pending_children or p.n != 1
-                    or filler in p.stop_token_ids or (not p.ignore_eos and filler in eos)):
+            if p.n != 1 or filler in p.stop_token_ids or (not p.ignore_eos and filler in eos):
                 return 0
             # the step that samples its last token finishes it: the run ends the step before
-            k_max = min(k_max, p.max_tokens - (n - s.num_prompt_tokens) - 1, max_len - n)
-            starts.append(n - 1)
-        if k_max < 2:
+            left = p.max_tokens - (n - s.num_prompt_tokens) - 1
+            if left < k_max:
+                if left < MIN_RUN:
+                    return 0
+                k_max = left
+            if n > longest:
+                longest = n
+            held.append(n - 1)
+        k_max = min(k_max, sched.stop.max_model_len - longest)
+        if k_max < MIN_RUN:
             return 0
         if self.paged:
-            return self._bound_by_free_blocks(starts, int(k_max))
+            return self._bound_by_free_blocks(held, k_max)
         bm = self.bm
-        return int(min(k_max, *(bm.reserved_tokens(s.seq_id) - a for s, a in zip(running, starts))))
+        return min(k_max, *(bm.reserved_tokens(s.seq_id) - a for s, a in zip(running, held)))
 
     def _refuses_now(self, head) -> bool:
         """Whether the manager refuses ``head`` now, and so on every step of a run (no prefix cache: a
@@ -171,36 +185,32 @@ class FastForward:
             return
         raise AssertionError(f"fast-forward: sequence {head.seq_id} was admitted where it ruled that out")
 
-    def _bound_by_free_blocks(self, starts: list[int], k_max: int) -> int:
-        """The most steps (<= k_max) whose new blocks the free ones cover (a bisection)."""
+    def _bound_by_free_blocks(self, held: list[int], k_max: int) -> int:
+        """The most steps (<= k_max) whose new blocks the free ones cover.
+
+        A table holding ``a`` tokens takes a block on the steps ``j`` with ``(a + j) % bs == 0``: its
+        offset ``-a % bs``, then every ``bs`` steps. So every ``bs`` steps each sequence takes one block,
+        in the order of their offsets, and the take the free blocks cannot cover, the ``free``-th in that
+        order, falls on step ``(free // b) * bs + offsets[free % b]``: the run stops before it.
+        """
         free, bs = self.bm.num_free_blocks, self.bs
-
-        def blocks(k: int) -> int:  # blocks taken by k appends from a table of a tokens, for each a
-            return sum((a + k - 1) // bs - (a - 1) // bs for a in starts)
-
-        if blocks(k_max) <= free:
-            return k_max
-        lo, hi = 0, k_max  # blocks(lo) <= free < blocks(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        offsets = sorted([-a % bs for a in held])
+        laps, r = divmod(free, len(offsets))
+        return min(k_max, laps * bs + offsets[r])
 
     def _apply(self, running, ends: list[int], k: int) -> None:
         """The scheduler's and the block manager's state after ``k`` decode steps."""
-        fill = [self.executor.filler_token] * k
+        filler = self.executor.filler_token
+        fill = [filler] * k
         for s in running:
             s.token_ids.extend(fill)
         bm, bs = self.bm, self.bs
-        if self.paged and not self.sched.prefix_caching:  # no publication to interleave: the rounds at once
-            bm.append_token_rounds([s.seq_id for s in running], self.executor.filler_token, k)
-            for s, e in zip(running, ends):
-                s.num_computed_tokens = s.num_table_tokens = e - 1 + k
-            return
         done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
+        if self.paged and not self.sched.prefix_caching:  # nothing published to interleave: the rounds at once
+            bm.append_token_rounds([s.seq_id for s in running], filler, k)
+            for s in running:
+                s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
+            return
         if self.paged:
             takes, publishes = defaultdict(list), defaultdict(list)
             publish = self.sched.prefix_caching

@@ -54,6 +54,7 @@ from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 __all__ = ["BlockManager", "BlockManagerMetrics"]
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
+_JUST_INT = frozenset({int})  # a prompt of plain ints (bool, numpy or torch scalars take the slow path)
 
 
 class _Sequence:
@@ -288,7 +289,10 @@ class BlockManager:
         if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
             token_id = _token_id(token_id)
         ids = list(seq_ids)
-        seqs = [self._get(s) for s in ids]
+        try:
+            seqs = [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
         bs, m = self._block_size, len(seqs)
@@ -572,6 +576,11 @@ def _token_id(token_id: object) -> int:
 
 def _token_list(token_ids: Iterable[int]) -> list[int]:
     """The prompt as a new list of ints, validated at C speed (``array`` does the checks)."""
+    # the common case first (the scheduler passes a list of plain ints, and retries a refused prompt every
+    # step while it waits): three passes at C speed and a copy, no conversion
+    if (type(token_ids) is list and token_ids and set(map(type, token_ids)) == _JUST_INT
+            and min(token_ids) >= 0 and max(token_ids) < _MAX_TOKEN):
+        return token_ids.copy()
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()

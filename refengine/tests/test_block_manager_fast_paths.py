@@ -1,6 +1,7 @@
-"""``BlockManager.append_token_rounds`` leaves the state that one ``append_token`` call per sequence per
-round leaves: the same block ids in every table, the same free order (and so the same future takes),
-the same prefix cache and statistics; a refused call changes nothing."""
+"""The block manager's fast paths behave as the plain ones: ``append_token_rounds`` leaves the state one
+``append_token`` call per sequence per round leaves (the same block ids in every table, the same free
+order and so the same future takes, the same prefix cache and statistics; a refused call changes
+nothing), and a prompt of plain ints is taken as a copy, like any other."""
 
 from __future__ import annotations
 
@@ -90,3 +91,11 @@ def test_refused_rounds_change_nothing():
     with pytest.raises(InvalidArgumentError, match="shares its last block"):
         bm.append_token_rounds(["a", "c"], 0, 1)
     assert _state(bm, ["a", "b", "c"]) == before
+
+
+def test_a_prompt_list_is_copied():
+    prompt = [1, 2, 3]
+    bm = BlockManager(4, 2)
+    bm.allocate("a", prompt)
+    prompt.append(4)  # the caller's list grows (the scheduler appends sampled tokens to its own)
+    assert bm.token_ids("a") == [1, 2, 3] and bm.num_tokens("a") == 3
