@@ -14,8 +14,9 @@ finds how many such steps can pass before the first event, and applies them at o
   appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts;
 - the queue's head cannot be admitted on any of its steps: the queue is empty, the seats are taken
   (nothing frees one inside the run), in the mixed policy the decodes use the whole token budget, or
-  (without prefix caching) its allocation is refused now: free blocks only get fewer inside the run,
-  so it is refused on every step, and the refusals are made (the managers count them);
+  (without prefix caching) the manager's ``can_allocate`` refuses it now: free blocks only get fewer
+  inside the run, so it is refused on every step, and the manager counts one refused ``allocate`` per
+  step (``record_refused_allocations``);
 - the block manager's calls leave the state the steps would leave: without prefix caching, one
   ``append_token_rounds`` call (the block manager takes the run's blocks round by round, and within a
   round in the running order, as the steps' ``append_token`` calls would); with it, every block taken
@@ -34,7 +35,6 @@ import math
 from collections import defaultdict
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
-from pagedbench.refengine.errors import OutOfBlocksError
 
 MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as a run than as a real step
 
@@ -96,8 +96,8 @@ class FastForward:
                 if entry is not None:
                     entry[2].extend(step_ends)
         run.peak_used = max(run.peak_used, self.bm.num_used_blocks)
-        if self.refused is not None:
-            self._refuse(self.refused, k)
+        if self.refused is not None:  # each step of the run tried to admit it, and was refused
+            self.bm.record_refused_allocations(k)
         run.generated += len(running) * k
         run.num_steps += k
         run.peak = max(run.peak, len(running))
@@ -154,36 +154,21 @@ class FastForward:
 
     def _refuses_now(self, head) -> bool:
         """Whether the manager refuses ``head`` now, and so on every step of a run (no prefix cache: a
-        hit could appear as blocks are published)."""
-        sched, bm = self.sched, self.bm
-        if sched.prefix_caching:
+        hit could appear as blocks are published), as its own ``can_allocate`` says."""
+        sched = self.sched
+        if sched.prefix_caching or (not self.paged and sched.watermark_blocks):
             return False
-        n = len(head.token_ids)
-        if self.paged:
-            return -(-n // self.bs) + sched.watermark_blocks > bm.num_free_blocks
-        if sched.watermark_blocks:
-            return False
-        kwargs = self._admission_kwargs(head)
-        return not bm.can_allocate(n, **kwargs)
+        return not self.bm.can_allocate(len(head.token_ids), **self._admission_kwargs(head))
 
     def _admission_kwargs(self, head) -> dict:
-        """What the scheduler passes to ``allocate`` for ``head`` (no prefix cache)."""
+        """What the scheduler passes to ``allocate`` for ``head`` that decides whether it fits (no prefix
+        cache)."""
         kwargs = {}
         if self.sched.watermark_blocks:
             kwargs["reserve_free_blocks"] = self.sched.watermark_blocks
         if getattr(self.bm, "reserves_by_output_len", False):
             kwargs["output_len"] = head.params.max_tokens - head.num_output_tokens
         return kwargs
-
-    def _refuse(self, head, k: int) -> None:
-        """The run's ``k`` refused allocations of ``head``: one is made (it must be refused: the run's
-        free blocks only got fewer), the others counted as the manager would."""
-        try:
-            self.bm.allocate(head.seq_id, head.token_ids, **self._admission_kwargs(head))
-        except OutOfBlocksError:
-            self.bm.record_refused_allocations(k - 1)
-            return
-        raise AssertionError(f"fast-forward: sequence {head.seq_id} was admitted where it ruled that out")
 
     def _bound_by_free_blocks(self, held: list[int], k_max: int) -> int:
         """The most steps (<= k_max) whose new blocks the free ones cover.

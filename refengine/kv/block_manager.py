@@ -401,11 +401,15 @@ class BlockManager:
         bs = self._block_size
         return seq.blocks[position // bs].block_id * bs + position % bs
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Whether a prompt of ``num_tokens`` tokens fits in the free blocks (ignoring prefix hits)."""
+    def can_allocate(self, num_tokens: int, *, reserve_free_blocks: int = 0) -> bool:
+        """Whether a prompt of ``num_tokens`` tokens fits in the free blocks (ignoring prefix hits), leaving
+        ``reserve_free_blocks`` free as :meth:`allocate`'s watermark does (without a prefix cache: exactly
+        whether ``allocate`` would take it, at O(1) where ``allocate`` reads the whole prompt)."""
         if type(num_tokens) is not int or num_tokens < 0:
             raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        return -(-num_tokens // self._block_size) <= len(self._free) + len(self._cached)
+        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
+            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
+        return -(-num_tokens // self._block_size) + reserve_free_blocks <= len(self._free) + len(self._cached)
 
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""

@@ -99,3 +99,20 @@ def test_a_prompt_list_is_copied():
     bm.allocate("a", prompt)
     prompt.append(4)  # the caller's list grows (the scheduler appends sampled tokens to its own)
     assert bm.token_ids("a") == [1, 2, 3] and bm.num_tokens("a") == 3
+
+
+@pytest.mark.parametrize("reserve", [0, 1, 3])
+def test_can_allocate_says_what_allocate_does(reserve):
+    bm = BlockManager(6, 4)
+    bm.allocate("a", [1] * 6)  # 2 blocks: 4 free
+    for n in range(1, 22):
+        fits = bm.can_allocate(n, reserve_free_blocks=reserve)
+        try:
+            bm.allocate("b", [1] * n, reserve_free_blocks=reserve)
+        except OutOfBlocksError:
+            assert not fits, n
+        else:
+            assert fits, n
+            bm.free("b")
+    with pytest.raises(InvalidArgumentError, match="reserve_free_blocks must be an int >= 0, got -1"):
+        bm.can_allocate(1, reserve_free_blocks=-1)
