@@ -189,31 +189,47 @@ class FastForward:
         fill = [filler] * k
         for s in running:
             s.token_ids.extend(fill)
-        bm, bs = self.bm, self.bs
         done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
-        if self.paged and not self.sched.prefix_caching:  # nothing published to interleave: the rounds at once
-            bm.append_token_rounds([s.seq_id for s in running], filler, k)
+        if self.paged and not self._publishes_interleave(done, k):
+            self.bm.append_token_rounds([s.seq_id for s in running], filler, k)
+            if self.sched.prefix_caching:  # each step's publications, in step order, then running order
+                for j, i in sorted((j, i) for i, a in enumerate(done) for j in range(-(a + 1) % self.bs, k, self.bs)):
+                    self.bm.publish_blocks(running[i].seq_id, ends[i] + j)
             for s in running:
                 s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
             return
-        if self.paged:
-            takes, publishes = defaultdict(list), defaultdict(list)
-            publish = self.sched.prefix_caching
-            for i, a in enumerate(done):
-                for j in range(-a % bs, k, bs):  # the steps whose append starts a block
-                    takes[j].append(i)
-                if publish:
-                    for j in range(-(a + 1) % bs, k, bs):  # the steps whose computed token ends a block
-                        publishes[j].append(i)
-            for j in sorted(set(takes) | set(publishes)):
-                for i in takes.get(j, ()):
-                    done[i] = self._append(running[i], done[i], ends[i] + j)
-                for i in publishes.get(j, ()):
-                    done[i] = self._append(running[i], done[i], ends[i] + j)
-                    bm.publish_blocks(running[i].seq_id, ends[i] + j)
+        if self.paged:  # takes and publications one step at a time
+            self._apply_interleaved(running, ends, done, k)
         for s, a, e in zip(running, done, ends):
             self._append(s, a, e - 1 + k)
             s.num_computed_tokens = s.num_table_tokens = e - 1 + k
+
+    def _publishes_interleave(self, done: list[int], k: int) -> bool:
+        """Whether the run's publications must be made between its takes: only when a take evicts a cached
+        block (a publication may make a twin of it, or take its hash's place). Takes from the uncached
+        queue touch no cache entry, and publications no free queue, so otherwise the two commute."""
+        if not self.sched.prefix_caching:
+            return False
+        bs, bm = self.bs, self.bm
+        takes = sum(len(range(-a % bs, k, bs)) for a in done)
+        return takes > bm.num_free_blocks - bm.num_cached_blocks
+
+    def _apply_interleaved(self, running, ends: list[int], done: list[int], k: int) -> None:
+        """Every block taken (``append_tokens`` up to and including the token that needs it) and published
+        in step order, within a step in the running order; ``done`` is brought up to date."""
+        bm, bs = self.bm, self.bs
+        takes, publishes = defaultdict(list), defaultdict(list)
+        for i, a in enumerate(done):
+            for j in range(-a % bs, k, bs):  # the steps whose append starts a block
+                takes[j].append(i)
+            for j in range(-(a + 1) % bs, k, bs):  # the steps whose computed token ends a block
+                publishes[j].append(i)
+        for j in sorted(set(takes) | set(publishes)):
+            for i in takes.get(j, ()):
+                done[i] = self._append(running[i], done[i], ends[i] + j)
+            for i in publishes.get(j, ()):
+                done[i] = self._append(running[i], done[i], ends[i] + j)
+                bm.publish_blocks(running[i].seq_id, ends[i] + j)
 
     def _append(self, seq, held: int, upto: int) -> int:
         """Give the block manager ``seq``'s tokens [held, upto); returns upto."""

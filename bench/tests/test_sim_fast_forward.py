@@ -82,6 +82,22 @@ def test_identical_with_prefix_sharing_and_preemption(monkeypatch):
     assert bm.metrics().prefix_hit_tokens > 0 and result.num_preemptions > 0
 
 
+def test_identical_when_runs_evict_blocks_their_twins_replace(monkeypatch):
+    # two prompts only, in a small pool: the cache holds earlier requests' decode blocks (all filler),
+    # which a run may evict while a running request publishes the same block (a twin), so the run's
+    # publications must keep their places between its takes
+    rng = np.random.default_rng(0)
+    trace, t = [], 0.0
+    for i in range(60):
+        t += float(rng.exponential(0.005))
+        prompt = (int(rng.integers(0, 2)),)  # a Mooncake hash id: one of two 40-token prompts
+        trace.append(Request(i, 40, int(rng.integers(20, 120)), t, prompt))
+    cfg = SimConfig(kv_slots=1200, max_seq_len=512, enable_prefix_caching=True, max_num_seqs=16)
+    _, bm = _check_identical(tuple(trace), AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.5,
+                             prompt_tokens=trace_formats.prompt_token_ids)
+    assert bm.metrics().evictions > 0 and bm.metrics().prefix_hit_tokens > 0
+
+
 @pytest.mark.parametrize("policy", ["max", "pow2"])
 def test_identical_with_orca_reservations(policy, monkeypatch):
     trace = workloads.synthetic("sharegpt", 60, rate=20.0, seed=3, max_seq_len=512)
