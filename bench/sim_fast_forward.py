@@ -42,7 +42,7 @@ MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as 
 class FastForward:
     """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
 
-    __slots__ = ("bm", "bs", "clock", "executor", "paged", "refused", "sched")
+    __slots__ = ("bm", "bs", "clock", "executor", "held", "paged", "refused", "sched")
 
     def __init__(self, run) -> None:
         self.sched = run.sched
@@ -52,6 +52,7 @@ class FastForward:
         self.executor = _simulated(run)
         self.paged = run.spec.kind == "paged"
         self.refused = None  # the queue's head, when the run's steps each try and fail to allocate it
+        self.held: list[int] = []  # tokens each running sequence's table holds (set by _bound)
 
     @staticmethod
     def applies(run) -> bool:
@@ -68,7 +69,7 @@ class FastForward:
         clock, step_time_s = self.clock, self.executor.step_time_s
         next_arrival = run.pending[0].arrival_s if run.pending else math.inf
         stop_after = math.inf if run.cfg.drain else run.window[1]
-        ends = [len(s.token_ids) for s in running]  # each decode chunk's end (its context) at the run's start
+        ends = [a + 1 for a in self.held]  # each decode chunk's end (its context) at the run's start
         k = 0
         step_ends = []  # each step's end: the time its tokens are out
         while k < k_max:
@@ -83,7 +84,7 @@ class FastForward:
                     # request is the youngest): the run goes on
                     run._arrive()
                     next_arrival = run.pending[0].arrival_s if run.pending else math.inf
-            clock.advance(step_time_s(StepShape((), tuple([e + k for e in ends]))))
+            clock.advance(step_time_s(StepShape((), tuple(map(k.__add__, ends)))))
             step_ends.append(clock.now())
             k += 1
         self._apply(running, ends, k)
@@ -125,7 +126,7 @@ class FastForward:
         eos = sched.stop.eos_token_ids
         k_max = sched.stop.max_model_len  # minus the longest sequence (below)
         longest = 0
-        held = []  # tokens each sequence's table holds at the run's start
+        self.held = held = []  # tokens each sequence's table holds at the run's start
         for s in running:  # once per running sequence per run: attributes read inline
             tokens = s.token_ids
             n = len(tokens)
@@ -187,8 +188,6 @@ class FastForward:
         """The scheduler's and the block manager's state after ``k`` decode steps."""
         filler = self.executor.filler_token
         fill = [filler] * k
-        for s in running:
-            s.token_ids.extend(fill)
         done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
         if self.paged and not self._publishes_interleave(done, k):
             self.bm.append_token_rounds([s.seq_id for s in running], filler, k)
@@ -196,8 +195,11 @@ class FastForward:
                 for j, i in sorted((j, i) for i, a in enumerate(done) for j in range(-(a + 1) % self.bs, k, self.bs)):
                     self.bm.publish_blocks(running[i].seq_id, ends[i] + j)
             for s in running:
+                s.token_ids.extend(fill)
                 s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
             return
+        for s in running:
+            s.token_ids.extend(fill)
         if self.paged:  # takes and publications one step at a time
             self._apply_interleaved(running, ends, done, k)
         for s, a, e in zip(running, done, ends):
