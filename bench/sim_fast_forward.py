@@ -6,7 +6,8 @@ preemption (an append with no free block), an admission and a prefill chunk. :me
 finds how many such steps can pass before the first event, and applies them at once:
 
 - the clock moves step by step as before (each step's duration is ``step_time_s`` of that step's
-  :class:`StepShape`, added in the same order, so every timestamp is the same float), and the run stops
+  :class:`StepShape`, or the same float from the step-time function's own ``decode_run``, see
+  :func:`decode_run_of`; added in the same order, so every timestamp is the same float), and the run stops
   before the first step that would start at or after the next arrival when the queue is empty (behind
   a head that cannot be admitted an arrival only queues, at the step it would), or past the window
   without drain;
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
 
@@ -42,7 +44,7 @@ MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as 
 class FastForward:
     """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
 
-    __slots__ = ("bm", "bs", "clock", "executor", "held", "paged", "refused", "sched")
+    __slots__ = ("bm", "bs", "clock", "decode_run", "executor", "held", "paged", "refused", "sched")
 
     def __init__(self, run) -> None:
         self.sched = run.sched
@@ -50,6 +52,7 @@ class FastForward:
         self.bs = run.bs
         self.clock = run.clock
         self.executor = _simulated(run)
+        self.decode_run = decode_run_of(self.executor.step_time_s)
         self.paged = run.spec.kind == "paged"
         self.refused = None  # the queue's head, when the run's steps each try and fail to allocate it
         self.held: list[int] = []  # tokens each running sequence's table holds (set by _bound)
@@ -66,10 +69,11 @@ class FastForward:
         if k_max < MIN_RUN:
             return False
         running = self.sched.running
-        clock, step_time_s = self.clock, self.executor.step_time_s
+        clock = self.clock
         next_arrival = run.pending[0].arrival_s if run.pending else math.inf
         stop_after = math.inf if run.cfg.drain else run.window[1]
         ends = [a + 1 for a in self.held]  # each decode chunk's end (its context) at the run's start
+        step_s = self.decode_run(tuple(ends))  # step j's duration
         k = 0
         step_ends = []  # each step's end: the time its tokens are out
         while k < k_max:
@@ -84,7 +88,7 @@ class FastForward:
                     # request is the youngest): the run goes on
                     run._arrive()
                     next_arrival = run.pending[0].arrival_s if run.pending else math.inf
-            clock.advance(step_time_s(StepShape((), tuple(map(k.__add__, ends)))))
+            clock.advance(step_s(k))
             step_ends.append(clock.now())
             k += 1
         self._apply(running, ends, k)
@@ -238,6 +242,22 @@ class FastForward:
         if upto > held:
             self.bm.append_tokens(seq.seq_id, seq.token_ids[held:upto])
         return upto
+
+
+def decode_run_of(step_time_s: Callable[[StepShape], float]) -> Callable[[tuple[int, ...]], Callable[[int], float]]:
+    """``decode_run(context_lens)``: the duration of step ``j`` of a run of decode-only steps from those
+    context lengths (each one token longer a step), as a function of ``j``; the same float
+    ``step_time_s(StepShape((), tuple(c + j for c in context_lens)))`` gives. A step-time function may
+    carry its own as ``step_time_s.decode_run`` (at O(1) a step where the shape costs O(batch) to
+    build); this is the general one."""
+    own = getattr(step_time_s, "decode_run", None)
+    if own is not None:
+        return own
+
+    def decode_run(context_lens: tuple[int, ...]) -> Callable[[int], float]:
+        return lambda j: step_time_s(StepShape((), tuple(map(j.__add__, context_lens))))
+
+    return decode_run
 
 
 def _simulated(run):

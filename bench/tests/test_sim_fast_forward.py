@@ -155,3 +155,43 @@ def test_record_refused_allocations_counts_as_refused_calls():
         assert bm.metrics().failed_allocations == 3
         with pytest.raises(InvalidArgumentError, match="count must be an int >= 0, got -1"):
             bm.record_refused_allocations(-1)
+
+
+def _roofline():
+    from pagedbench.bench.costmodel.hardware import load_hardware
+    from pagedbench.bench.costmodel.models import load_model
+    from pagedbench.bench.costmodel.step_cost import StepCostModel
+    from pagedbench.bench.serving_points import step_time_fn
+
+    return step_time_fn(StepCostModel.from_profiles(load_model("opt-13b"), load_hardware("a100-40gb")))
+
+
+def test_decode_run_gives_each_steps_duration_as_its_shape_does():
+    from pagedbench.bench.sim_fast_forward import decode_run_of
+    from pagedbench.refengine.engine.core import StepShape
+
+    rng = np.random.default_rng(6)
+    plain = lambda shape: 0.001 + 1e-7 * sum(shape.decode_context_lens) ** 1.5  # noqa: E731 (no decode_run)
+    for fn in (_roofline(), serving_sim.constant_step(0.03), plain):
+        for _ in range(20):
+            ctx = tuple(int(c) for c in rng.integers(1, 4000, int(rng.integers(1, 300))))
+            run = decode_run_of(fn)(ctx)
+            for j in (0, 1, int(rng.integers(2, 500))):
+                assert run(j) == fn(StepShape((), tuple(c + j for c in ctx)))  # the same float
+
+
+@pytest.mark.parametrize("rate", [10.0, 40.0])
+def test_identical_with_the_roofline_step_time(rate):
+    trace = workloads.synthetic("sharegpt", 120, rate=rate, seed=7, max_seq_len=1024)
+    cfg = SimConfig(kv_slots=3000, max_seq_len=1024, max_num_seqs=64)
+    managers, runs = [], []
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    for fast in (False, True):
+        r = simulate(trace, AllocatorSpec("paged", 16), cfg, step_time_s=_roofline(), account=False,
+                     make_manager=manager, fast_forward=fast)
+        runs.append((r, managers[-1].metrics(), managers[-1].free_block_ids()))
+    assert runs[1] == runs[0] and runs[0][0].num_finished == len(trace)
