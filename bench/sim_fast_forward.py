@@ -33,11 +33,13 @@ accounting reads every step, so runs with ``account=True`` or ``record_steps=Tru
 from __future__ import annotations
 
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Callable
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
 
+_SEQ_ID = operator.attrgetter("seq_id")
 MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as a run than as a real step
 
 
@@ -96,8 +98,7 @@ class FastForward:
         # peak use (a run only takes blocks, so its last step holds the most)
         timing = run.timing
         if timing:
-            for s in running:
-                entry = timing.get(s.seq_id)
+            for entry in map(timing.get, map(_SEQ_ID, running)):
                 if entry is not None:
                     entry[2].extend(step_ends)
         run.peak_used = max(run.peak_used, self.bm.num_used_blocks)
@@ -192,9 +193,9 @@ class FastForward:
         """The scheduler's and the block manager's state after ``k`` decode steps."""
         filler = self.executor.filler_token
         fill = [filler] * k
-        done = [e - 1 for e in ends]  # tokens the block manager holds for each sequence
+        done = list(self.held)  # tokens the block manager holds for each sequence
         if self.paged and not self._publishes_interleave(done, k):
-            self.bm.append_token_rounds([s.seq_id for s in running], filler, k)
+            self.bm.append_token_rounds(list(map(_SEQ_ID, running)), filler, k)
             if self.sched.prefix_caching:  # each step's publications, in step order, then running order
                 for j, i in sorted((j, i) for i, a in enumerate(done) for j in range(-(a + 1) % self.bs, k, self.bs)):
                     self.bm.publish_blocks(running[i].seq_id, ends[i] + j)

@@ -302,7 +302,9 @@ class BlockManager:
             if n % bs and seq.blocks[-1].ref_count != 1:
                 raise InvalidArgumentError(f"sequence {ids[i]!r} shares its last block {seq.blocks[-1].block_id}: "
                                            "a copy-on-write is due, append one token at a time")
-            takes.extend(range((-n % bs) * m + i, num_rounds * m, bs * m))
+            first = -n % bs  # the round whose append starts its next block
+            if first < num_rounds:
+                takes.extend(range(first * m + i, num_rounds * m, bs * m))
         if len(takes) > len(self._free) + len(self._cached):
             raise OutOfBlocksError(f"{num_rounds} rounds of appends to {m} sequences need {len(takes)} new "
                                    f"blocks but only {len(self._free) + len(self._cached)} are free")
