@@ -18,12 +18,12 @@ finds how many such steps can pass before the first event, and applies them at o
   (without prefix caching) the manager's ``can_allocate`` refuses it now: free blocks only get fewer
   inside the run, so it is refused on every step, and the manager counts one refused ``allocate`` per
   step (``record_refused_allocations``);
-- the block manager's calls leave the state the steps would leave: without prefix caching, one
-  ``append_token_rounds`` call (the block manager takes the run's blocks round by round, and within a
-  round in the running order, as the steps' ``append_token`` calls would); with it, every block taken
-  (``append_tokens`` up to and including the token that needs it) in step order and, within a step,
-  in the running order, then that step's blocks published, then the rest of each sequence's tokens.
-  Eviction, publication and block ids are those of step-by-step simulation.
+- the block manager's calls leave the state the steps would leave: one ``append_token_rounds`` call
+  (paged: the block manager takes the run's blocks round by round, within a round in the running
+  order, and with prefix caching publishes after each round the blocks it filled, as the steps'
+  ``append_token`` calls and the scheduler's ``publish_blocks`` after each step would); one
+  ``append_tokens`` call per sequence (Orca: its reservation covers the run). Eviction, publication
+  and block ids are those of step-by-step simulation.
 
 Anything else (a prefill chunk, a sequence of a parallel-sampling request, an executor replaying real
 tokens, a stop token equal to the filler) falls back to one real step. The simulator's memory
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import defaultdict
 from collections.abc import Callable
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
@@ -193,56 +192,17 @@ class FastForward:
         """The scheduler's and the block manager's state after ``k`` decode steps."""
         filler = self.executor.filler_token
         fill = [filler] * k
-        done = list(self.held)  # tokens the block manager holds for each sequence
-        if self.paged and not self._publishes_interleave(done, k):
-            self.bm.append_token_rounds(list(map(_SEQ_ID, running)), filler, k)
-            if self.sched.prefix_caching:  # each step's publications, in step order, then running order
-                for j, i in sorted((j, i) for i, a in enumerate(done) for j in range(-(a + 1) % self.bs, k, self.bs)):
-                    self.bm.publish_blocks(running[i].seq_id, ends[i] + j)
+        if self.paged:  # each step's takes, then (prefix caching) its publications, as update makes them
+            self.bm.append_token_rounds(list(map(_SEQ_ID, running)), filler, k,
+                                        publish_full_blocks=self.sched.prefix_caching)
             for s in running:
                 s.token_ids.extend(fill)
                 s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
             return
-        for s in running:
+        for s, a, e in zip(running, self.held, ends):
             s.token_ids.extend(fill)
-        if self.paged:  # takes and publications one step at a time
-            self._apply_interleaved(running, ends, done, k)
-        for s, a, e in zip(running, done, ends):
-            self._append(s, a, e - 1 + k)
+            self.bm.append_tokens(s.seq_id, s.token_ids[a:e - 1 + k])
             s.num_computed_tokens = s.num_table_tokens = e - 1 + k
-
-    def _publishes_interleave(self, done: list[int], k: int) -> bool:
-        """Whether the run's publications must be made between its takes: only when a take evicts a cached
-        block (a publication may make a twin of it, or take its hash's place). Takes from the uncached
-        queue touch no cache entry, and publications no free queue, so otherwise the two commute."""
-        if not self.sched.prefix_caching:
-            return False
-        bs, bm = self.bs, self.bm
-        takes = sum(len(range(-a % bs, k, bs)) for a in done)
-        return takes > bm.num_free_blocks - bm.num_cached_blocks
-
-    def _apply_interleaved(self, running, ends: list[int], done: list[int], k: int) -> None:
-        """Every block taken (``append_tokens`` up to and including the token that needs it) and published
-        in step order, within a step in the running order; ``done`` is brought up to date."""
-        bm, bs = self.bm, self.bs
-        takes, publishes = defaultdict(list), defaultdict(list)
-        for i, a in enumerate(done):
-            for j in range(-a % bs, k, bs):  # the steps whose append starts a block
-                takes[j].append(i)
-            for j in range(-(a + 1) % bs, k, bs):  # the steps whose computed token ends a block
-                publishes[j].append(i)
-        for j in sorted(set(takes) | set(publishes)):
-            for i in takes.get(j, ()):
-                done[i] = self._append(running[i], done[i], ends[i] + j)
-            for i in publishes.get(j, ()):
-                done[i] = self._append(running[i], done[i], ends[i] + j)
-                bm.publish_blocks(running[i].seq_id, ends[i] + j)
-
-    def _append(self, seq, held: int, upto: int) -> int:
-        """Give the block manager ``seq``'s tokens [held, upto); returns upto."""
-        if upto > held:
-            self.bm.append_tokens(seq.seq_id, seq.token_ids[held:upto])
-        return upto
 
 
 def decode_run_of(step_time_s: Callable[[StepShape], float]) -> Callable[[tuple[int, ...]], Callable[[int], float]]:

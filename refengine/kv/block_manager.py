@@ -49,6 +49,7 @@ from pagedbench.refengine.kv.block_manager_checks import (
     check_invariants,
     compute_metrics,
 )
+from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 
 __all__ = ["BlockManager", "BlockManagerMetrics"]
@@ -78,7 +79,7 @@ class _Sequence:
         self.auto_publish = auto_publish
 
 
-class BlockManager:
+class BlockManager(DecodeRounds):
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
@@ -270,65 +271,6 @@ class BlockManager:
                 if len(tokens) % bs == 0 and self.enable_prefix_caching:
                     self._publish(seq, len(tokens) // bs)
         self._live_tokens += m
-
-    def append_token_rounds(self, seq_ids: Iterable[Hashable], token_id: int, num_rounds: int) -> None:
-        """``num_rounds`` rounds of ``append_token(seq_id, token_id)`` over ``seq_ids`` in their order, in
-        one call: the same blocks taken in the same order (round by round, and within a round in the order
-        of ``seq_ids``), the same state and statistics, for a caller that knows no copy-on-write is due
-        (the serving simulator's runs of decode steps, every sequence appending its sampled token).
-
-        Without prefix caching (or when no sequence publishes as it appends) the order of the takes is
-        worked out from each table's length, so the cost is one pass over the sequences plus one per new
-        block, not one call per token. Raises, changing nothing: InvalidArgumentError for a repeated
-        sequence or when one's partial last block is shared (a copy-on-write is due), OutOfBlocksError
-        when the blocks every round needs are not all free (where the rounds one by one would have
-        stopped part way).
-        """
-        if type(num_rounds) is not int or num_rounds < 0:
-            raise InvalidArgumentError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            token_id = _token_id(token_id)
-        ids = list(seq_ids)
-        try:
-            seqs = [self._seqs[s] for s in ids]
-        except (KeyError, TypeError):
-            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
-        if len(set(ids)) != len(ids):
-            raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
-        bs, m = self._block_size, len(seqs)
-        takes = []  # round * m + position of every append that starts a block: their order is the take order
-        for i, seq in enumerate(seqs):
-            n = len(seq.token_ids)
-            if n % bs and seq.blocks[-1].ref_count != 1:
-                raise InvalidArgumentError(f"sequence {ids[i]!r} shares its last block {seq.blocks[-1].block_id}: "
-                                           "a copy-on-write is due, append one token at a time")
-            first = -n % bs  # the round whose append starts its next block
-            if first < num_rounds:
-                takes.extend(range(first * m + i, num_rounds * m, bs * m))
-        if len(takes) > len(self._free) + len(self._cached):
-            raise OutOfBlocksError(f"{num_rounds} rounds of appends to {m} sequences need {len(takes)} new "
-                                   f"blocks but only {len(self._free) + len(self._cached)} are free")
-        if not num_rounds or not m:
-            return
-        if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):
-            # a block published as it fills enters the cache between other sequences' takes (which may
-            # evict): the rounds one at a time, each of which now succeeds
-            for _ in range(num_rounds):
-                for s in ids:
-                    self.append_token(s, token_id)
-            return
-        takes.sort()
-        take = self._take_fresh
-        for t in takes:
-            seqs[t % m].blocks.append(take())
-        fill = [token_id] * num_rounds
-        for seq in seqs:
-            n = len(seq.token_ids)
-            seq.token_ids.extend(fill)
-            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
-                seq.num_computed = n + num_rounds
-        self._table_blocks += len(takes)
-        self._live_tokens += m * num_rounds
 
     def record_refused_allocations(self, count: int) -> None:
         """Count ``count`` refused ``allocate`` calls without making them: a simulator that skips steps

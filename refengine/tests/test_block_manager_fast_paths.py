@@ -48,19 +48,62 @@ def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockMa
     return *pair, ids
 
 
+def _one_by_one(bm: BlockManager, ids, token_id: int, num_rounds: int, publish_full_blocks: bool) -> None:
+    """What ``append_token_rounds`` stands for, call by call."""
+    for _ in range(num_rounds):
+        for s in ids:
+            bm.append_token(s, token_id)
+        if publish_full_blocks:
+            for s in ids:
+                if bm.num_tokens(s) % bm.block_size == 0:
+                    bm.publish_blocks(s, bm.num_tokens(s))
+
+
+def _most_rounds(bm: BlockManager, ids, limit: int) -> int:
+    """The most rounds (<= limit) whose takes the free blocks cover (0 when round 0's do not fit)."""
+    bs = bm.block_size
+    need = lambda k: sum(len(range(-bm.num_tokens(s) % bs, k, bs)) for s in ids)  # noqa: E731
+    return max(k for k in range(limit + 1) if need(k) <= bm.num_free_blocks)
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
+@pytest.mark.parametrize("full", [False, True], ids=["appends", "publishing"])
 @pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("seed", range(4))
-def test_rounds_equal_one_call_per_token(seed, prefix, publish):
+def test_rounds_equal_one_call_per_token(seed, prefix, publish, full, tight):
     one, rounds, ids = _pair(seed, prefix, publish)
-    k = random.Random(seed).randrange(1, 40)
-    for _ in range(k):
-        for s in ids:
-            one.append_token(s, 7)
-    rounds.append_token_rounds(ids, 7, k)
+    if tight:
+        for bm in (one, rounds):
+            _crowd(bm, seed, publish)
+    k = _most_rounds(one, ids, random.Random(seed).randrange(1, 60))
+    _one_by_one(one, ids, 7, k, full)
+    rounds.append_token_rounds(ids, 7, k, publish_full_blocks=full)
     assert _state(rounds, ids) == _state(one, ids)
     for bm in (one, rounds):  # and later takes (evictions included) come out alike
-        bm.allocate(999, list(range(3 * bm.block_size)))
-    assert _state(rounds, [*ids, 999]) == _state(one, [*ids, 999])
+        bm.free(ids[0])
+        bm.allocate(999, list(range(2 * bm.block_size)))
+    assert _state(rounds, [*ids[1:], 999]) == _state(one, [*ids[1:], 999])
+
+
+def _crowd(bm: BlockManager, seed: int, publish: bool) -> None:
+    """Cached blocks (sequences published and freed), then a sequence that leaves two uncached blocks
+    free: rounds' takes evict cached ones."""
+    rng = random.Random(seed)
+    for s in range(8):
+        prompt = [rng.randrange(4) for _ in range(3 * bm.block_size)]
+        bm.allocate(("cached", s), prompt, publish=publish)
+        bm.publish_blocks(("cached", s), len(prompt))
+        bm.free(("cached", s))
+    bm.allocate("ballast", [9] * bm.block_size * (bm.num_free_blocks - bm.num_cached_blocks - 2), publish=False)
+
+
+@pytest.mark.parametrize("publish", [False, True])
+def test_the_evicting_cases_evict(publish):
+    _, rounds, ids = _pair(1, True, publish)
+    _crowd(rounds, 1, publish)
+    before = rounds.metrics()
+    rounds.append_token_rounds(ids, 7, _most_rounds(rounds, ids, 60), publish_full_blocks=True)
+    assert rounds.metrics().evictions > before.evictions + 2
 
 
 def test_rounds_take_blocks_round_by_round():
