@@ -15,9 +15,11 @@ finds how many such steps can pass before the first event, and applies them at o
   appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts;
 - the queue's head cannot be admitted on any of its steps: the queue is empty, the seats are taken
   (nothing frees one inside the run), in the mixed policy the decodes use the whole token budget, or
-  (without prefix caching) the manager's ``can_allocate`` refuses it now: free blocks only get fewer
-  inside the run, so it is refused on every step, and the manager counts one refused ``allocate`` per
-  step (``record_refused_allocations``);
+  the manager refuses it now (``can_allocate``; with prefix caching ``allocation_preview``, hits
+  counted): free blocks only get fewer inside the run and an eviction only loses hits, so it is refused
+  on every step, unless the run publishes the block its hits would go on with (the run ends at that
+  step, see ``_bound_by_new_hits``); the manager counts one refused ``allocate`` per step
+  (``record_refused_allocations``);
 - the block manager's calls leave the state the steps would leave: one ``append_token_rounds`` call
   (paged: the block manager takes the run's blocks round by round, within a round in the running
   order, and with prefix caching publishes after each round the blocks it filled, as the steps'
@@ -45,7 +47,7 @@ MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as 
 class FastForward:
     """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
 
-    __slots__ = ("bm", "bs", "clock", "decode_run", "executor", "held", "paged", "refused", "sched")
+    __slots__ = ("bm", "bs", "clock", "decode_run", "executor", "held", "hit_blocks", "paged", "refused", "sched")
 
     def __init__(self, run) -> None:
         self.sched = run.sched
@@ -57,6 +59,7 @@ class FastForward:
         self.paged = run.spec.kind == "paged"
         self.refused = None  # the queue's head, when the run's steps each try and fail to allocate it
         self.held: list[int] = []  # tokens each running sequence's table holds (set by _bound)
+        self.hit_blocks = None  # (hit blocks, tokens) of a refused head with prefix caching (_refuses_now)
 
     @staticmethod
     def applies(run) -> bool:
@@ -153,17 +156,43 @@ class FastForward:
         if k_max < MIN_RUN:
             return 0
         if self.paged:
-            return self._bound_by_free_blocks(held, k_max)
+            k = self._bound_by_free_blocks(held, k_max)
+            if self.refused is not None and self.hit_blocks is not None:
+                k = self._bound_by_new_hits(held, k)
+            return k
         bm = self.bm
         return min(k_max, *(bm.reserved_tokens(s.seq_id) - a for s, a in zip(running, held)))
 
     def _refuses_now(self, head) -> bool:
-        """Whether the manager refuses ``head`` now, and so on every step of a run (no prefix cache: a
-        hit could appear as blocks are published), as its own ``can_allocate`` says."""
+        """Whether the manager refuses ``head`` now, as its own ``can_allocate`` (or with prefix caching
+        ``allocation_preview``) says. Free blocks only get fewer inside a run and a take that evicts one
+        of the head's hits only loses hits, so it stays refused, unless a block the run publishes gives
+        it a new hit: ``hit_blocks`` (prefix caching) keeps its hits for ``_bound_by_new_hits``."""
         sched = self.sched
-        if sched.prefix_caching or (not self.paged and sched.watermark_blocks):
+        self.hit_blocks = None
+        if not self.paged and sched.watermark_blocks:
             return False
+        if sched.prefix_caching:
+            preview = self.bm.allocation_preview(head.token_ids, cache_salt=head.cache_salt,
+                                                 **self._admission_kwargs(head))
+            self.hit_blocks = (preview.num_hit_blocks, len(head.token_ids))
+            return not preview.fits
         return not self.bm.can_allocate(len(head.token_ids), **self._admission_kwargs(head))
+
+    def _bound_by_new_hits(self, held: list[int], k: int) -> int:
+        """The most steps (<= k) before a refused head could gain a prefix hit: its hits end at block
+        ``h``, which only a block published at index ``h`` can extend (its lookup stops at the first
+        miss); a sequence whose table reaches ``(h + 1) * bs`` tokens on step ``j`` publishes block ``h``
+        at that step's end, so the run ends with step ``j`` (a conservative cut: the tokens may differ)."""
+        h, n = self.hit_blocks
+        if h >= (n - 1) // self.bs:  # every block a lookup may serve is a hit already
+            return k
+        boundary = (h + 1) * self.bs
+        for a in held:  # the table holds a tokens, a + 1 + j after step j
+            j = boundary - a - 1
+            if 0 <= j < k - 1:
+                k = j + 1
+        return k
 
     def _admission_kwargs(self, head) -> dict:
         """What the scheduler passes to ``allocate`` for ``head`` that decides whether it fits (no prefix

@@ -75,9 +75,8 @@ def test_identical_on_a_trace_that_preempts(policy, monkeypatch):
 def test_identical_with_prefix_sharing_and_preemption(monkeypatch):
     trace = _mooncake_like(80, seed=2)
     cfg = SimConfig(kv_slots=9000, max_seq_len=4096, enable_prefix_caching=True, max_num_seqs=32)
-    # a head refused memory is only skipped over without a prefix cache (a hit may appear as blocks are
-    # published), so fewer steps are skipped here
-    result, bm = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.8,
+    # behind a refused head a run ends where it publishes the block the head's hits would go on with
+    result, bm = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.5,
                                   prompt_tokens=trace_formats.prompt_token_ids)
     assert bm.metrics().prefix_hit_tokens > 0 and result.num_preemptions > 0
 
@@ -195,3 +194,16 @@ def test_identical_with_the_roofline_step_time(rate):
                      make_manager=manager, fast_forward=fast)
         runs.append((r, managers[-1].metrics(), managers[-1].free_block_ids()))
     assert runs[1] == runs[0] and runs[0][0].num_finished == len(trace)
+
+
+def test_a_run_behind_a_refused_head_ends_where_a_publication_could_give_it_a_hit():
+    from pagedbench.bench.sim_fast_forward import FastForward
+
+    ff = object.__new__(FastForward)
+    ff.bs = 16
+    ff.hit_blocks = (2, 100)  # hits on blocks 0 and 1; block 2 (tokens 32-47) could be one
+    # a table of 40 tokens holds 41 after step 0, 48 after step 7: block 2 is published at step 7's end
+    assert ff._bound_by_new_hits([40, 10], 30) == 8 and ff._bound_by_new_hits([40], 8) == 8
+    assert ff._bound_by_new_hits([48, 60], 30) == 30  # past block 2 already
+    ff.hit_blocks = (6, 100)  # (100 - 1) // 16 = 6 blocks are every hit a lookup may give
+    assert ff._bound_by_new_hits([100], 30) == 30

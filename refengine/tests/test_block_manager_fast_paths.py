@@ -85,16 +85,18 @@ def test_rounds_equal_one_call_per_token(seed, prefix, publish, full, tight):
     assert _state(rounds, [*ids[1:], 999]) == _state(one, [*ids[1:], 999])
 
 
-def _crowd(bm: BlockManager, seed: int, publish: bool) -> None:
+def _crowd(bm: BlockManager, seed: int, publish: bool) -> list[list[int]]:
     """Cached blocks (sequences published and freed), then a sequence that leaves two uncached blocks
-    free: rounds' takes evict cached ones."""
+    free: rounds' takes evict cached ones. Returns the cached prompts."""
     rng = random.Random(seed)
+    prompts = []
     for s in range(8):
-        prompt = [rng.randrange(4) for _ in range(3 * bm.block_size)]
-        bm.allocate(("cached", s), prompt, publish=publish)
-        bm.publish_blocks(("cached", s), len(prompt))
+        prompts.append([rng.randrange(4) for _ in range(3 * bm.block_size)])
+        bm.allocate(("cached", s), prompts[-1], publish=publish)
+        bm.publish_blocks(("cached", s), len(prompts[-1]))
         bm.free(("cached", s))
     bm.allocate("ballast", [9] * bm.block_size * (bm.num_free_blocks - bm.num_cached_blocks - 2), publish=False)
+    return prompts
 
 
 @pytest.mark.parametrize("publish", [False, True])
@@ -159,3 +161,29 @@ def test_can_allocate_says_what_allocate_does(reserve):
             bm.free("b")
     with pytest.raises(InvalidArgumentError, match="reserve_free_blocks must be an int >= 0, got -1"):
         bm.can_allocate(1, reserve_free_blocks=-1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_allocation_preview_says_what_allocate_does(seed):
+    one, _, _ = _pair(seed, True, False)
+    rng = random.Random(seed)
+    known = _crowd(one, seed, False)  # a tight pool: some prompts fit only thanks to their hits
+    bs = one.block_size
+    for s in range(40):
+        # a cached prompt's first blocks, then new tokens: as many blocks as are free, give or take two
+        prompt = rng.choice(known)[:bs * rng.randrange(4)]
+        prompt += [rng.randrange(4) for _ in range(rng.randrange(1, bs * (one.num_free_blocks + 3)) - len(prompt))]
+        reserve = rng.choice([0, 1, 2])
+        preview = one.allocation_preview(prompt, reserve_free_blocks=reserve)
+        before = one.metrics()
+        try:
+            cached = one.allocate(("new", s), prompt, publish=False, reserve_free_blocks=reserve)
+        except OutOfBlocksError:
+            assert not preview.fits and one.metrics().failed_allocations == before.failed_allocations + 1
+            continue
+        assert preview.fits and cached == preview.num_hit_blocks * bs
+        one.free(("new", s))
+    with pytest.raises(InvalidArgumentError, match="reserve_free_blocks must be an int >= 0"):
+        one.allocation_preview([1], reserve_free_blocks=-1)
+    with pytest.raises(InvalidArgumentError, match="cache_salt"):
+        one.allocation_preview([1], cache_salt=3)
