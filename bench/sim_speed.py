@@ -56,8 +56,8 @@ class _Recorder(BlockManager):
 
 class _RunCounter(BlockManager):
     """A block manager that counts the fast-forward's runs: each run of ``k`` decode steps is one
-    ``append_token_rounds`` call of ``k`` rounds (paged, no prefix cache), so the steps served one at a
-    time are the others."""
+    ``append_token_rounds`` call of ``k`` rounds (paged), so the steps served one at a time are the
+    others."""
 
     __slots__ = ("num_run_steps", "num_runs")
 
@@ -65,10 +65,10 @@ class _RunCounter(BlockManager):
         super().__init__(*args, **kwargs)
         self.num_runs = self.num_run_steps = 0
 
-    def append_token_rounds(self, seq_ids, token_id, num_rounds):
+    def append_token_rounds(self, seq_ids, token_id, num_rounds, **kwargs):
         self.num_runs += 1
         self.num_run_steps += num_rounds
-        return super().append_token_rounds(seq_ids, token_id, num_rounds)
+        return super().append_token_rounds(seq_ids, token_id, num_rounds, **kwargs)
 
 
 def replay(log: list[tuple], num_blocks: int, block_size: int) -> float:
