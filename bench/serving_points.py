@@ -96,7 +96,7 @@ def step_time_fn(cost: StepCostModel):
                                 sum(shape.decode_context_lens), chunks)
 
     def decode_run(context_lens):
-        """Step ``j`` of decode-only steps from ``context_lens`` (serving_sim.decode_run_of): the same
+        """Step ``j`` of decode-only steps from ``context_lens`` (sim_fast_forward.decode_run_of): the same
         totals step_time_s would sum, the context growing by one token a sequence a step."""
         b, total = len(context_lens), sum(context_lens)
         return lambda j: time_from_totals(b, b, total + j * b, ())
