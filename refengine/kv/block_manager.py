@@ -55,7 +55,6 @@ from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 __all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
-_JUST_INT = frozenset({int})  # a prompt of plain ints (bool, numpy or torch scalars take the slow path)
 
 
 class _Sequence:
@@ -169,7 +168,7 @@ class BlockManager(DecodeRounds):
         tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
         bs = self._block_size
         hits, chain_hash, chain_key, num_fresh, available = self._admission(tokens, cache_salt)
-        if num_fresh + reserve_free_blocks > available:
+        if not _fits(num_fresh, reserve_free_blocks, available):
             self._failed_allocations += 1
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {num_fresh} free blocks ({len(tokens)} tokens, "
@@ -202,7 +201,7 @@ class BlockManager(DecodeRounds):
         simulator, before it skips steps that would each be refused). Bad arguments raise as in allocate."""
         tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
         hits, _, _, num_fresh, available = self._admission(tokens, cache_salt)
-        return AllocationPreview(num_fresh + reserve_free_blocks <= available, len(hits))
+        return AllocationPreview(_fits(num_fresh, reserve_free_blocks, available), len(hits))
 
     def append_token(self, seq_id: Hashable, token_id: int) -> list[tuple[int, int]]:
         """Make room for one more token; return the ``(src, dst)`` block copies copy-on-write needs.
@@ -531,6 +530,11 @@ class BlockManager(DecodeRounds):
         seq.num_published, seq.chain_hash, seq.chain_key = i, h, key
 
 
+def _fits(num_fresh: int, reserve_free_blocks: int, available: int) -> bool:
+    """allocate's test (one place, for allocate and allocation_preview alike)."""
+    return num_fresh + reserve_free_blocks <= available
+
+
 def _positive_int(name: str, value: object) -> int:
     if type(value) is not int or value < 1:
         raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
@@ -551,11 +555,6 @@ def _token_id(token_id: object) -> int:
 
 def _token_list(token_ids: Iterable[int]) -> list[int]:
     """The prompt as a new list of ints, validated at C speed (``array`` does the checks)."""
-    # the common case first (the scheduler passes a list of plain ints, and retries a refused prompt every
-    # step while it waits): three passes at C speed and a copy, no conversion
-    if (type(token_ids) is list and token_ids and set(map(type, token_ids)) == _JUST_INT
-            and min(token_ids) >= 0 and max(token_ids) < _MAX_TOKEN):
-        return token_ids.copy()
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
