@@ -103,6 +103,13 @@ def step_time_fn(cost: StepCostModel):
         return time_from_totals(shape.num_prefill_tokens + num_decode, num_decode + len(chunks),
                                 sum(shape.decode_context_lens), chunks)
 
+    def decode_run(context_lens):
+        """Step ``j`` of decode-only steps from ``context_lens`` (sim_fast_forward.decode_run_of): the same
+        totals step_time_s would sum, the context growing by one token a sequence a step."""
+        b, total = len(context_lens), sum(context_lens)
+        return lambda j: time_from_totals(b, b, total + j * b, ())
+
+    step_time_s.decode_run = decode_run
     return step_time_s
 
 

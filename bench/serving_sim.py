@@ -184,7 +184,14 @@ class SimResult:
 
 
 def constant_step(step_s: float) -> Callable[[StepShape], float]:
-    return lambda shape: step_s
+    """Every step lasts ``step_s`` (with the ``decode_run`` a fast-forward asks for: see
+    :func:`pagedbench.bench.sim_fast_forward.decode_run_of`)."""
+
+    def step_time_s(shape: StepShape) -> float:
+        return step_s
+
+    step_time_s.decode_run = lambda context_lens: lambda j: step_s
+    return step_time_s
 
 
 def _manager(spec: AllocatorSpec, cfg: SimConfig, group: GroupSpec | None = None):

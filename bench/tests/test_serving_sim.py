@@ -174,12 +174,24 @@ sharing: {dataset: alpaca, num_requests: 5, block_size: 16, n: [2]}
     assert (tmp_path / "memory_block_size.png").stat().st_size > 0
 
 
-def test_sim_speed_replays_the_block_managers_calls(tmp_path):
+def test_sim_speed_replays_the_block_managers_calls(tmp_path, monkeypatch):
     from pagedbench.bench import sim_speed
+    from pagedbench.refengine.engine.core import EngineCore
 
+    real_steps, real_step = [0], EngineCore.step
+
+    def counting_step(self):
+        real_steps[0] += 1
+        return real_step(self)
+
+    monkeypatch.setattr(EngineCore, "step", counting_step)
     r = sim_speed.measure(40, 4.0, kv_slots=4096)
     assert r["generated_tokens"] > 0 and r["block_manager_calls"] >= r["generated_tokens"] - 40
     assert r["simulation_wall_s"] > 0 and r["block_manager_wall_s"] > 0 and r["ratio"] > 0
+    # two runs step by step (timed, recorded) and the fast-forward's steps served one at a time
+    assert real_steps[0] == 2 * r["num_steps"] + r["num_single_steps"] and r["num_runs"] > 0
+    text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
+    assert f"Served one at a time: {r['num_single_steps']:,} of {r['num_steps']:,} steps" in text
 
 
 @pytest.mark.parametrize(("line", "message"), [

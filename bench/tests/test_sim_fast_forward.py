@@ -75,11 +75,26 @@ def test_identical_on_a_trace_that_preempts(policy, monkeypatch):
 def test_identical_with_prefix_sharing_and_preemption(monkeypatch):
     trace = _mooncake_like(80, seed=2)
     cfg = SimConfig(kv_slots=9000, max_seq_len=4096, enable_prefix_caching=True, max_num_seqs=32)
-    # a head refused memory is only skipped over without a prefix cache (a hit may appear as blocks are
-    # published), so fewer steps are skipped here
-    result, bm = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.8,
+    # behind a refused head a run ends where it publishes the block the head's hits would go on with
+    result, bm = _check_identical(trace, AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.5,
                                   prompt_tokens=trace_formats.prompt_token_ids)
     assert bm.metrics().prefix_hit_tokens > 0 and result.num_preemptions > 0
+
+
+def test_identical_when_runs_evict_blocks_their_twins_replace(monkeypatch):
+    # two prompts only, in a small pool: the cache holds earlier requests' decode blocks (all filler),
+    # which a run may evict while a running request publishes the same block (a twin), so the run's
+    # publications must keep their places between its takes
+    rng = np.random.default_rng(0)
+    trace, t = [], 0.0
+    for i in range(60):
+        t += float(rng.exponential(0.005))
+        prompt = (int(rng.integers(0, 2)),)  # a Mooncake hash id: one of two 40-token prompts
+        trace.append(Request(i, 40, int(rng.integers(20, 120)), t, prompt))
+    cfg = SimConfig(kv_slots=1200, max_seq_len=512, enable_prefix_caching=True, max_num_seqs=16)
+    _, bm = _check_identical(tuple(trace), AllocatorSpec("paged", 16), cfg, monkeypatch, max_steps_share=0.5,
+                             prompt_tokens=trace_formats.prompt_token_ids)
+    assert bm.metrics().evictions > 0 and bm.metrics().prefix_hit_tokens > 0
 
 
 @pytest.mark.parametrize("policy", ["max", "pow2"])
@@ -139,3 +154,56 @@ def test_record_refused_allocations_counts_as_refused_calls():
         assert bm.metrics().failed_allocations == 3
         with pytest.raises(InvalidArgumentError, match="count must be an int >= 0, got -1"):
             bm.record_refused_allocations(-1)
+
+
+def _roofline():
+    from pagedbench.bench.costmodel.hardware import load_hardware
+    from pagedbench.bench.costmodel.models import load_model
+    from pagedbench.bench.costmodel.step_cost import StepCostModel
+    from pagedbench.bench.serving_points import step_time_fn
+
+    return step_time_fn(StepCostModel.from_profiles(load_model("opt-13b"), load_hardware("a100-40gb")))
+
+
+def test_decode_run_gives_each_steps_duration_as_its_shape_does():
+    from pagedbench.bench.sim_fast_forward import decode_run_of
+    from pagedbench.refengine.engine.core import StepShape
+
+    rng = np.random.default_rng(6)
+    plain = lambda shape: 0.001 + 1e-7 * sum(shape.decode_context_lens) ** 1.5  # noqa: E731 (no decode_run)
+    for fn in (_roofline(), serving_sim.constant_step(0.03), plain):
+        for _ in range(20):
+            ctx = tuple(int(c) for c in rng.integers(1, 4000, int(rng.integers(1, 300))))
+            run = decode_run_of(fn)(ctx)
+            for j in (0, 1, int(rng.integers(2, 500))):
+                assert run(j) == fn(StepShape((), tuple(c + j for c in ctx)))  # the same float
+
+
+@pytest.mark.parametrize("rate", [10.0, 40.0])
+def test_identical_with_the_roofline_step_time(rate):
+    trace = workloads.synthetic("sharegpt", 120, rate=rate, seed=7, max_seq_len=1024)
+    cfg = SimConfig(kv_slots=3000, max_seq_len=1024, max_num_seqs=64)
+    managers, runs = [], []
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    for fast in (False, True):
+        r = simulate(trace, AllocatorSpec("paged", 16), cfg, step_time_s=_roofline(), account=False,
+                     make_manager=manager, fast_forward=fast)
+        runs.append((r, managers[-1].metrics(), managers[-1].free_block_ids()))
+    assert runs[1] == runs[0] and runs[0][0].num_finished == len(trace)
+
+
+def test_a_run_behind_a_refused_head_ends_where_a_publication_could_give_it_a_hit():
+    from pagedbench.bench.sim_fast_forward import FastForward
+
+    ff = object.__new__(FastForward)
+    ff.bs = 16
+    ff.hit_blocks = (2, 100)  # hits on blocks 0 and 1; block 2 (tokens 32-47) could be one
+    # a table of 40 tokens holds 41 after step 0, 48 after step 7: block 2 is published at step 7's end
+    assert ff._bound_by_new_hits([40, 10], 30) == 8 and ff._bound_by_new_hits([40], 8) == 8
+    assert ff._bound_by_new_hits([48, 60], 30) == 30  # past block 2 already
+    ff.hit_blocks = (6, 100)  # (100 - 1) // 16 = 6 blocks are every hit a lookup may give
+    assert ff._bound_by_new_hits([100], 30) == 30

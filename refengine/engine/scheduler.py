@@ -42,11 +42,14 @@ for why this and not an exact undo.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
+
+_PENDING_CHILDREN = operator.attrgetter("pending_children")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +296,9 @@ class Scheduler:
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
         if not self.waiting:
             return budget
-        seats = sum(s.seats for s in self.running)  # running sequences and the children they will fork
+        # running sequences and the children they will fork (Sequence.seats, summed at C speed: this runs
+        # every step a request waits)
+        seats = len(self.running) + sum(map(len, map(_PENDING_CHILDREN, self.running)))
         waiting = self.waiting
         while waiting and budget > 0:
             rid = waiting[0].request_id

@@ -35,7 +35,7 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Hashable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from pagedbench.refengine.errors import (
     DuplicateSequenceError,
@@ -49,9 +49,10 @@ from pagedbench.refengine.kv.block_manager_checks import (
     check_invariants,
     compute_metrics,
 )
+from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 
-__all__ = ["BlockManager", "BlockManagerMetrics"]
+__all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 
@@ -77,7 +78,15 @@ class _Sequence:
         self.auto_publish = auto_publish
 
 
-class BlockManager:
+@dataclass(frozen=True, slots=True)
+class AllocationPreview:
+    """What :meth:`BlockManager.allocate` would do with a prompt now."""
+
+    fits: bool  # the call would take the prompt (False: it would raise OutOfBlocksError)
+    num_hit_blocks: int  # its leading blocks the prefix cache would serve (0 without prefix caching)
+
+
+class BlockManager(DecodeRounds):
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
@@ -156,22 +165,10 @@ class BlockManager:
         or when taking them would leave fewer than ``reserve_free_blocks`` free (a watermark).
         """
         self._check_new_seq_id(seq_id)
-        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
-            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
-        tokens = _token_list(token_ids)
-        try:
-            prefix_hash.salt_bytes(cache_salt)
-        except TypeError as e:
-            raise InvalidArgumentError(str(e)) from None
+        tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
         bs = self._block_size
-        num_table = -(-len(tokens) // bs)
-        hits: list[KVBlock] = []
-        chain_hash = chain_key = None
-        if self.enable_prefix_caching:
-            hits, chain_hash, chain_key = self._lookup(tokens, cache_salt)
-        num_fresh = num_table - len(hits)
-        available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
-        if num_fresh + reserve_free_blocks > available:
+        hits, chain_hash, chain_key, num_fresh, available = self._admission(tokens, cache_salt)
+        if not _fits(num_fresh, reserve_free_blocks, available):
             self._failed_allocations += 1
             raise OutOfBlocksError(
                 f"sequence {seq_id!r} needs {num_fresh} free blocks ({len(tokens)} tokens, "
@@ -196,6 +193,15 @@ class BlockManager:
             if publish:
                 self._publish(seq, len(tokens) // bs)
         return len(hits) * bs
+
+    def allocation_preview(self, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
+                           reserve_free_blocks: int = 0) -> AllocationPreview:
+        """What :meth:`allocate` would do with this prompt now (prefix hits counted), changing nothing:
+        for a caller that must know a prompt is refused without counting a refused call (the serving
+        simulator, before it skips steps that would each be refused). Bad arguments raise as in allocate."""
+        tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
+        hits, _, _, num_fresh, available = self._admission(tokens, cache_salt)
+        return AllocationPreview(_fits(num_fresh, reserve_free_blocks, available), len(hits))
 
     def append_token(self, seq_id: Hashable, token_id: int) -> list[tuple[int, int]]:
         """Make room for one more token; return the ``(src, dst)`` block copies copy-on-write needs.
@@ -343,11 +349,15 @@ class BlockManager:
         bs = self._block_size
         return seq.blocks[position // bs].block_id * bs + position % bs
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Whether a prompt of ``num_tokens`` tokens fits in the free blocks (ignoring prefix hits)."""
+    def can_allocate(self, num_tokens: int, *, reserve_free_blocks: int = 0) -> bool:
+        """Whether a prompt of ``num_tokens`` tokens fits in the free blocks (ignoring prefix hits), leaving
+        ``reserve_free_blocks`` free as :meth:`allocate`'s watermark does (without a prefix cache: exactly
+        whether ``allocate`` would take it, at O(1) where ``allocate`` reads the whole prompt)."""
         if type(num_tokens) is not int or num_tokens < 0:
             raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        return -(-num_tokens // self._block_size) <= len(self._free) + len(self._cached)
+        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
+            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
+        return -(-num_tokens // self._block_size) + reserve_free_blocks <= len(self._free) + len(self._cached)
 
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""
@@ -421,6 +431,28 @@ class BlockManager:
             raise InvalidArgumentError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
         if exists:
             raise DuplicateSequenceError(f"sequence {seq_id!r} is already allocated")
+
+    def _checked_prompt(self, token_ids: Iterable[int], cache_salt: object, reserve_free_blocks: object) -> list[int]:
+        """A prompt as a new list of ints, after allocate's checks of its arguments."""
+        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
+            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
+        tokens = _token_list(token_ids)
+        try:
+            prefix_hash.salt_bytes(cache_salt)
+        except TypeError as e:
+            raise InvalidArgumentError(str(e)) from None
+        return tokens
+
+    def _admission(self, tokens: list[int], salt: object) -> tuple[list[KVBlock], bytes | None, object, int, int]:
+        """A prompt's prefix hits (with the chain's hash and key after them), the fresh blocks it needs,
+        and the blocks free for it (a cached hit no table holds is free, but not for another block)."""
+        hits: list[KVBlock] = []
+        chain_hash = chain_key = None
+        if self.enable_prefix_caching:
+            hits, chain_hash, chain_key = self._lookup(tokens, salt)
+        num_fresh = -(-len(tokens) // self._block_size) - len(hits)
+        available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
+        return hits, chain_hash, chain_key, num_fresh, available
 
     def _take_fresh(self) -> KVBlock:
         """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""
@@ -496,6 +528,11 @@ class BlockManager:
             h = nh
             i += 1
         seq.num_published, seq.chain_hash, seq.chain_key = i, h, key
+
+
+def _fits(num_fresh: int, reserve_free_blocks: int, available: int) -> bool:
+    """allocate's test (one place, for allocate and allocation_preview alike)."""
+    return num_fresh + reserve_free_blocks <= available
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -1,0 +1,118 @@
+"""Many rounds of appends in one block-manager call: the serving simulator's runs of decode steps.
+
+A run of ``k`` decode steps appends one token to each of ``b`` running sequences per step; made one
+``append_token`` call at a time it costs ``k * b`` calls. :meth:`DecodeRounds.append_token_rounds` leaves
+the same state from one pass over the sequences plus one event per block taken or published: a table
+of ``n`` tokens takes a block on the rounds ``j`` with ``(n + j) % block_size == 0`` and fills one on
+those with ``(n + j + 1) % block_size == 0``, so every event's round is known up front, and sorting
+them by (round, take before publication, position) gives the order the calls one by one make them in.
+
+A mixin of :class:`~pagedbench.refengine.kv.block_manager.BlockManager` (whose state it reads and
+changes through the same private fields as the manager's own methods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
+from pagedbench.refengine.kv import prefix_hash
+
+_MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
+
+
+class DecodeRounds:
+    """:meth:`append_token_rounds` for :class:`~pagedbench.refengine.kv.block_manager.BlockManager`."""
+
+    __slots__ = ()
+
+    def append_token_rounds(self, seq_ids: Iterable[Hashable], token_id: int, num_rounds: int, *,
+                            publish_full_blocks: bool = False) -> None:
+        """``num_rounds`` rounds of ``append_token(seq_id, token_id)`` over ``seq_ids`` in their order, in
+        one call: the same blocks taken in the same order (round by round, and within a round in the order
+        of ``seq_ids``), the same state and statistics, for a caller that knows no copy-on-write is due
+        (the serving simulator's runs of decode steps, every sequence appending its sampled token).
+        ``publish_full_blocks``: after each round's appends, ``publish_blocks(seq_id, n)`` for each
+        sequence (in order) whose length ``n`` is then a multiple of ``block_size`` (a caller that marks
+        each round's KV written, as the scheduler does after each step).
+
+        The order of the takes and publications is worked out from each table's length, so the cost is
+        one pass over the sequences plus one per new or published block, not one call per token (a
+        sequence that publishes as it appends, ``allocate(publish=True)``, makes it go round by round).
+        Raises, changing nothing: InvalidArgumentError for a repeated sequence or when one's partial last
+        block is shared (a copy-on-write is due), OutOfBlocksError when the blocks every round needs are
+        not all free (where the rounds one by one would have stopped part way).
+        """
+        if type(num_rounds) is not int or num_rounds < 0:
+            raise InvalidArgumentError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
+        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
+            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
+
+            token_id = _token_id(token_id)
+        ids = list(seq_ids)
+        try:
+            seqs = [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
+        bs, m = self._block_size, len(seqs)
+        # every take and publication as (2 * round + kind) * m + position, kind 0 a take, 1 a publication:
+        # sorted, the order the rounds one by one make them in
+        events, num_takes, span, stride = [], 0, 2 * num_rounds * m, 2 * bs * m
+        for i, seq in enumerate(seqs):
+            n = len(seq.token_ids)
+            if n % bs and seq.blocks[-1].ref_count != 1:
+                raise InvalidArgumentError(f"sequence {ids[i]!r} shares its last block {seq.blocks[-1].block_id}: "
+                                           "a copy-on-write is due, append one token at a time")
+            first = -n % bs  # the round whose append starts its next block
+            if first < num_rounds:
+                takes = range(2 * first * m + i, span, stride)
+                num_takes += len(takes)
+                events.extend(takes)
+            if publish_full_blocks and (full := -(n + 1) % bs) < num_rounds:  # the round that fills it
+                events.extend(range((2 * full + 1) * m + i, span, stride))
+        if num_takes > len(self._free) + len(self._cached):
+            raise OutOfBlocksError(f"{num_rounds} rounds of appends to {m} sequences need {num_takes} new "
+                                   f"blocks but only {len(self._free) + len(self._cached)} are free")
+        if not num_rounds or not m:
+            return
+        if any(seq.auto_publish for seq in seqs) and (self.enable_prefix_caching or publish_full_blocks):
+            self._rounds_one_by_one(ids, seqs, token_id, num_rounds, publish_full_blocks)
+            return
+        lengths = [len(seq.token_ids) for seq in seqs]
+        fill = [token_id] * num_rounds
+        for seq in seqs:  # every token first: a publication reads them, a take does not
+            seq.token_ids.extend(fill)
+        events.sort()
+        take, caching = self._take_fresh, self.enable_prefix_caching
+        for e in events:
+            kind_round, i = divmod(e, m)
+            seq = seqs[i]
+            if not kind_round & 1:
+                seq.blocks.append(take())
+                continue
+            upto = lengths[i] + (kind_round >> 1) + 1  # publish_blocks(seq, upto)
+            if upto > seq.num_computed:
+                seq.num_computed = upto
+            if caching:
+                self._publish(seq, upto // bs)
+        for seq, n in zip(seqs, lengths):
+            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
+                seq.num_computed = n + num_rounds
+        self._table_blocks += num_takes
+        self._live_tokens += m * num_rounds
+
+    def _rounds_one_by_one(self, ids: list, seqs: list, token_id: int, num_rounds: int,
+                           publish_full_blocks: bool) -> None:
+        """The rounds of :meth:`append_token_rounds` as calls, for sequences that publish as they append
+        (a block that fills enters the cache between other sequences' takes, which may evict); each call
+        now succeeds."""
+        bs = self._block_size
+        for _ in range(num_rounds):
+            for s in ids:
+                self.append_token(s, token_id)
+            if publish_full_blocks:
+                for s, seq in zip(ids, seqs):
+                    if len(seq.token_ids) % bs == 0:
+                        self.publish_blocks(s, len(seq.token_ids))

@@ -1,0 +1,189 @@
+"""The block manager's fast paths behave as the plain ones: ``append_token_rounds`` leaves the state one
+``append_token`` call per sequence per round leaves (the same block ids in every table, the same free
+order and so the same future takes, the same prefix cache and statistics; a refused call changes
+nothing), and a prompt of plain ints is taken as a copy, like any other."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pagedbench.refengine import BlockManager
+from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
+
+
+def _state(bm: BlockManager, ids) -> tuple:
+    bm.check_invariants()
+    return ([bm.block_table(s) for s in ids], [bm.token_ids(s) for s in ids], bm.free_block_ids(),
+            bm.metrics())
+
+
+def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockManager, list[int]]:
+    """Two managers brought to one state: sequences of random lengths (a few sharing prompts, forks,
+    some freed so that free and cached blocks interleave)."""
+    rng = random.Random(seed)
+    bs = rng.choice([2, 4, 16])
+    pair = BlockManager(300, bs, enable_prefix_caching=prefix), BlockManager(300, bs, enable_prefix_caching=prefix)
+    prompts = [[rng.randrange(4) for _ in range(rng.randrange(1, 6 * bs))] for _ in range(4)]
+    ids = []
+    for s in range(12):
+        prompt = list(rng.choice(prompts)) + [rng.randrange(4)] * rng.randrange(3)
+        for bm in pair:
+            bm.allocate(s, prompt, publish=publish)
+            if prefix and not publish:
+                bm.publish_blocks(s, len(prompt) - 1)
+        ids.append(s)
+    for s in rng.sample(ids, 3):  # freed: their blocks go back (cached ones stay in the cache)
+        for bm in pair:
+            bm.free(s)
+        ids.remove(s)
+    parent = ids[0]
+    for bm in pair:  # a child whose last block is shared: only a full one lets rounds start
+        while bm.num_tokens(parent) % bs:
+            bm.append_token(parent, 1)
+    for bm in pair:
+        bm.fork(parent, 100)
+    ids.append(100)
+    rng.shuffle(ids)
+    return *pair, ids
+
+
+def _one_by_one(bm: BlockManager, ids, token_id: int, num_rounds: int, publish_full_blocks: bool) -> None:
+    """What ``append_token_rounds`` stands for, call by call."""
+    for _ in range(num_rounds):
+        for s in ids:
+            bm.append_token(s, token_id)
+        if publish_full_blocks:
+            for s in ids:
+                if bm.num_tokens(s) % bm.block_size == 0:
+                    bm.publish_blocks(s, bm.num_tokens(s))
+
+
+def _most_rounds(bm: BlockManager, ids, limit: int) -> int:
+    """The most rounds (<= limit) whose takes the free blocks cover (0 when round 0's do not fit)."""
+    bs = bm.block_size
+    need = lambda k: sum(len(range(-bm.num_tokens(s) % bs, k, bs)) for s in ids)  # noqa: E731
+    return max(k for k in range(limit + 1) if need(k) <= bm.num_free_blocks)
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
+@pytest.mark.parametrize("full", [False, True], ids=["appends", "publishing"])
+@pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("seed", range(4))
+def test_rounds_equal_one_call_per_token(seed, prefix, publish, full, tight):
+    one, rounds, ids = _pair(seed, prefix, publish)
+    if tight:
+        for bm in (one, rounds):
+            _crowd(bm, seed, publish)
+    k = _most_rounds(one, ids, random.Random(seed).randrange(1, 60))
+    _one_by_one(one, ids, 7, k, full)
+    rounds.append_token_rounds(ids, 7, k, publish_full_blocks=full)
+    assert _state(rounds, ids) == _state(one, ids)
+    for bm in (one, rounds):  # and later takes (evictions included) come out alike
+        bm.free(ids[0])
+        bm.allocate(999, list(range(2 * bm.block_size)))
+    assert _state(rounds, [*ids[1:], 999]) == _state(one, [*ids[1:], 999])
+
+
+def _crowd(bm: BlockManager, seed: int, publish: bool) -> list[list[int]]:
+    """Cached blocks (sequences published and freed), then a sequence that leaves two uncached blocks
+    free: rounds' takes evict cached ones. Returns the cached prompts."""
+    rng = random.Random(seed)
+    prompts = []
+    for s in range(8):
+        prompts.append([rng.randrange(4) for _ in range(3 * bm.block_size)])
+        bm.allocate(("cached", s), prompts[-1], publish=publish)
+        bm.publish_blocks(("cached", s), len(prompts[-1]))
+        bm.free(("cached", s))
+    bm.allocate("ballast", [9] * bm.block_size * (bm.num_free_blocks - bm.num_cached_blocks - 2), publish=False)
+    return prompts
+
+
+@pytest.mark.parametrize("publish", [False, True])
+def test_the_evicting_cases_evict(publish):
+    _, rounds, ids = _pair(1, True, publish)
+    _crowd(rounds, 1, publish)
+    before = rounds.metrics()
+    rounds.append_token_rounds(ids, 7, _most_rounds(rounds, ids, 60), publish_full_blocks=True)
+    assert rounds.metrics().evictions > before.evictions + 2
+
+
+def test_rounds_take_blocks_round_by_round():
+    bm = BlockManager(8, 2)
+    bm.allocate("a", [1, 2])  # full: takes at rounds 0 and 2
+    bm.allocate("b", [1])  # one free slot: takes at round 1
+    bm.append_token_rounds(["a", "b"], 0, 3)
+    assert bm.block_table("a") == [0, 2, 4] and bm.block_table("b") == [1, 3]
+
+
+def test_refused_rounds_change_nothing():
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1] * 4)
+    bm.allocate("b", [1] * 5)
+    bm.fork("b", "c")
+    before = _state(bm, ["a", "b", "c"])
+    # a takes a block on rounds 0 and 4: two, with one free (the first four rounds would fit)
+    with pytest.raises(OutOfBlocksError, match="5 rounds of appends to 1 sequences need 2 new blocks but only 1"):
+        bm.append_token_rounds(["a"], 0, 5)
+    with pytest.raises(InvalidArgumentError, match="seq_ids must be distinct"):
+        bm.append_token_rounds(["a", "a"], 0, 1)
+    with pytest.raises(UnknownSequenceError, match="unknown sequence 'd'"):
+        bm.append_token_rounds(["a", "d"], 0, 1)
+    with pytest.raises(InvalidArgumentError, match="num_rounds must be an int >= 0, got -1"):
+        bm.append_token_rounds(["a"], 0, -1)
+    with pytest.raises(InvalidArgumentError, match="token id must be"):
+        bm.append_token_rounds(["a"], -3, 1)
+    with pytest.raises(InvalidArgumentError, match="shares its last block"):
+        bm.append_token_rounds(["a", "c"], 0, 1)
+    assert _state(bm, ["a", "b", "c"]) == before
+
+
+def test_a_prompt_list_is_copied():
+    prompt = [1, 2, 3]
+    bm = BlockManager(4, 2)
+    bm.allocate("a", prompt)
+    prompt.append(4)  # the caller's list grows (the scheduler appends sampled tokens to its own)
+    assert bm.token_ids("a") == [1, 2, 3] and bm.num_tokens("a") == 3
+
+
+@pytest.mark.parametrize("reserve", [0, 1, 3])
+def test_can_allocate_says_what_allocate_does(reserve):
+    bm = BlockManager(6, 4)
+    bm.allocate("a", [1] * 6)  # 2 blocks: 4 free
+    for n in range(1, 22):
+        fits = bm.can_allocate(n, reserve_free_blocks=reserve)
+        try:
+            bm.allocate("b", [1] * n, reserve_free_blocks=reserve)
+        except OutOfBlocksError:
+            assert not fits, n
+        else:
+            assert fits, n
+            bm.free("b")
+    with pytest.raises(InvalidArgumentError, match="reserve_free_blocks must be an int >= 0, got -1"):
+        bm.can_allocate(1, reserve_free_blocks=-1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_allocation_preview_says_what_allocate_does(seed):
+    one, _, _ = _pair(seed, True, False)
+    rng = random.Random(seed)
+    known = _crowd(one, seed, False)  # a tight pool: some prompts fit only thanks to their hits
+    bs = one.block_size
+    for s in range(40):
+        # a cached prompt's first blocks, then new tokens: as many blocks as are free, give or take two
+        prompt = rng.choice(known)[:bs * rng.randrange(4)]
+        prompt += [rng.randrange(4) for _ in range(rng.randrange(1, bs * (one.num_free_blocks + 3)) - len(prompt))]
+        reserve = rng.choice([0, 1, 2])
+        preview = one.allocation_preview(prompt, reserve_free_blocks=reserve)
+        before = one.metrics()
+        try:
+            cached = one.allocate(("new", s), prompt, publish=False, reserve_free_blocks=reserve)
+        except OutOfBlocksError:
+            assert not preview.fits and one.metrics().failed_allocations == before.failed_allocations + 1
+            continue
+        assert preview.fits and cached == preview.num_hit_blocks * bs
+        one.free(("new", s))
+    with pytest.raises(InvalidArgumentError, match="reserve_free_blocks must be an int >= 0"):
+        one.allocation_preview([1], reserve_free_blocks=-1)
+    with pytest.raises(InvalidArgumentError, match="cache_salt"):
+        one.allocation_preview([1], cache_salt=3)
