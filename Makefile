@@ -75,7 +75,7 @@ conformance-results: install
 kernels-compile-check: install
 	$(PY) -m pagedbench.bench.compile_check --out results
 
-## The checks only a GPU can run (one script, <= 4 minutes, results/gpu/). On a lent GPU machine it installs
+## The checks only a GPU can run (one script with a 240 s budget, results/gpu/). On a lent GPU machine it installs
 ## nothing from the network: the package is linked into the machine's own python with --no-deps.
 gpu-check: $(if $(filter yes,$(SYS_TORCH)),,install)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
