@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from pagedbench.conformance.capabilities import Capabilities
+from pagedbench.conformance.capabilities import Capabilities, DispatchBoundaries
 
-__all__ = ["Capabilities", "Implementation", "NotSupported", "register"]
+__all__ = ["Capabilities", "DispatchBoundaries", "Implementation", "NotSupported", "register"]
 
 
 class NotSupported(Exception):

@@ -17,6 +17,32 @@ import torch
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+#: at most this many boundaries of each kind are judged (three cases each)
+MAX_BOUNDARIES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchBoundaries:
+    """Where an implementation's own rules switch kernels or plans; the suite puts cases at N-1, N and N+1
+    around each (a kernel wrong only for the sizes a rule sends to it is then reached from both sides)."""
+
+    decode_batch_sizes: tuple[int, ...] = ()  # numbers of sequences (of 2 KV heads) at which decode switches
+    context_lens: tuple[int, ...] = ()  # sequence lengths (keys) at which decode or prefill switches
+    gqa_groups: tuple[int, ...] = ()  # query heads per KV head at which decode switches
+
+    def __post_init__(self) -> None:
+        for name in ("decode_batch_sizes", "context_lens", "gqa_groups"):
+            values = getattr(self, name)
+            if (not isinstance(values, tuple) or len(values) > MAX_BOUNDARIES
+                    or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
+                raise ValueError(f"DispatchBoundaries.{name} must be a tuple of at most {MAX_BOUNDARIES} integers "
+                                 f">= 1; got {values!r}")
+
+    def as_record(self) -> dict[str, list[int]]:
+        return {"decode_batch_sizes": list(self.decode_batch_sizes), "context_lens": list(self.context_lens),
+                "gqa_groups": list(self.gqa_groups)}
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional parts of the contract an implementation supports (the defaults: everything)."""
@@ -36,6 +62,9 @@ class Capabilities:
     # paged_prefill (stored value = k / k_scale, read as stored * k_scale); off unless declared, since an
     # adapter written before it would be handed keywords it does not know
     fp8_kv_cache: bool = False
+    # where its dispatch rules switch (see DispatchBoundaries); None: nothing declared, the family is
+    # "not supported" for it
+    dispatch_boundaries: DispatchBoundaries | None = None
 
     def as_record(self) -> dict[str, object]:
         """Plain values, for result files."""
@@ -49,6 +78,7 @@ class Capabilities:
             "sliding_window": self.sliding_window,
             "dtypes": [str(d).removeprefix("torch.") for d in self.dtypes],
             "fp8_kv_cache": self.fp8_kv_cache,
+            "dispatch_boundaries": None if self.dispatch_boundaries is None else self.dispatch_boundaries.as_record(),
         }
 
 

@@ -14,8 +14,10 @@ gate run on another project's implementation never loads them.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pagedbench.conformance.adapter import Implementation, register
-from pagedbench.conformance.capabilities import Capabilities
+from pagedbench.conformance.capabilities import Capabilities, DispatchBoundaries
 from pagedbench.conformance.flex_adapter import FlexAttentionImplementation
 
 
@@ -27,9 +29,15 @@ class TritonImplementation(Implementation):
     capabilities = Capabilities(fp8_kv_cache=True)
 
     def __init__(self) -> None:
-        from pagedbench.kernels import device
+        from pagedbench.kernels import attention, device
 
         self.device = device.backend().torch_device
+        # where the launcher's rules switch on this device: split-K stops once (sequences x 2 KV heads)
+        # programs reach two per SM; a split needs MIN_KEYS_PER_SPLIT keys; tl.dot from MIN_DOT_GROUP
+        # (fp16/bf16 on a GPU), and the group's tile doubles to 16 rows from a group of 9
+        self.capabilities = dataclasses.replace(type(self).capabilities, dispatch_boundaries=DispatchBoundaries(
+            decode_batch_sizes=(attention.parallelism(),), context_lens=(attention.MIN_KEYS_PER_SPLIT,),
+            gqa_groups=(attention.MIN_DOT_GROUP, 9)))
 
     def describe(self):
         from pagedbench.kernels import device

@@ -18,7 +18,7 @@ import math
 
 import torch
 from pagedbench.conformance.adapter import Implementation, NotSupported, register
-from pagedbench.conformance.capabilities import Capabilities
+from pagedbench.conformance.capabilities import Capabilities, DispatchBoundaries
 
 
 @register("control")
@@ -240,6 +240,26 @@ class Fp8PrefixUnscaled(_Mutant):
 
     def _dequantize(self, values, key_pos, first_query, scale):
         return torch.where((key_pos < first_query)[:, None, None], values, values * scale)
+
+
+@register("mutant-past-declared-batch-switch")
+class PastDeclaredBatchSwitch(_Mutant):
+    """Declares that its decode switches path at 5 sequences, and the path it takes from there drops each
+    sequence's newest key: right for every batch of up to 4."""
+
+    breaks = "merge_and_shapes"
+    capabilities = Capabilities(fp8_kv_cache=True, batch_invariant_dispatch=True,
+                                dispatch_boundaries=DispatchBoundaries(decode_batch_sizes=(5,)))
+
+    def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, **kwargs):
+        self._large = len(seq_lens) >= 5
+        try:
+            return super().paged_decode(q, k_cache, v_cache, block_tables, seq_lens, **kwargs)
+        finally:
+            self._large = False
+
+    def _num_keys(self, seq_len):
+        return max(seq_len - 1, 0) if getattr(self, "_large", False) else seq_len
 
 
 @register("mutant-batch-dependent-dispatch")

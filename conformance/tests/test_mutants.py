@@ -26,8 +26,8 @@ SUITES = {
     "numerics": ["test_int64_offsets.py", "test_cache_ops.py", "test_decode.py", "test_prefill.py",
                  "test_metamorphic.py"],
     # the newer families, cheapest first: each mutant there dies in the first module that covers it
-    "merge_and_shapes": ["test_batch_invariance.py", "test_merge_states.py", "test_fp8_kv.py", "test_gqa_groups.py",
-                         "test_long_context.py"],
+    "merge_and_shapes": ["test_dispatch_boundaries.py", "test_batch_invariance.py", "test_merge_states.py",
+                         "test_fp8_kv.py", "test_gqa_groups.py", "test_long_context.py"],
     # metadata from our engine's scheduler: blocks shared across a batch, tables with no spare column
     "engine_metadata": ["test_engine_metadata.py"],
     "block_manager": ["test_block_manager.py", "test_block_manager_scenarios.py",
