@@ -18,7 +18,9 @@ def _step_line(e: dict | None) -> list[str]:
             f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}; "
             + ", ".join(f"{k.replace('_', ' ')} {'-' if v is None else _pct(v)}"
                         for k, v in e.get("median_rel_error_by_kind", {}).items())
-            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill); predicted / measured step "
+            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill"
+            + ("" if e.get("num_steps_after_idle") is None else f", {e['num_steps_after_idle']} waking an idle engine")
+            + "); predicted / measured step "
             f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
 
 
