@@ -5,9 +5,11 @@
 1. *Calibration* (:mod:`bench.calibrate_steps`): the engine of ``bench/configs/calibrate.yaml`` (the
    ``small`` random model, fp32, the CPU default ``torch-batched`` attention) serves a grid of step
    shapes (decode batches of 1..32 at a few context lengths and at mixed lengths, prefill chunks of
-   several sizes, mixed steps) after a warm-up; every step is timed and
-   :func:`bench.costmodel.calibration.fit_batched_profile` fits the eight terms of that backend (the
-   five linear ones, its attention groups and their padding) to them; the five-term linear fit
+   several sizes, mixed steps, and decode batches of 1..16 that short prompts join one or two at a time,
+   as arrivals in serving make them) after a warm-up; every step is timed and
+   :func:`bench.costmodel.calibration.fit_batched_profile` fits the nine terms of that backend (the
+   five linear ones, its attention groups, their padding and the prefill group's own work) to them, each
+   term's identifiability over the grid recorded beside it; the five-term linear fit
    (:func:`bench.costmodel.fit_profile`) is fitted beside it for comparison. Reported: the
    coefficients and the fit's relative errors (all steps, and by kind), beside the best constant.
 2. *Validation* (:mod:`bench.calibrate_validation`): a ShareGPT-like trace the grid never served, on the

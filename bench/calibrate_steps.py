@@ -235,7 +235,7 @@ def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
 
 def fit(steps: Sequence[TimedStep], clock: str = "wall", *,
         batched: bool = True) -> StepCostModel | BatchedStepCost:
-    """:func:`fit_batched_profile` (``batched``: the CPU default backend's eight terms) or :func:`fit_profile`
+    """:func:`fit_batched_profile` (``batched``: the CPU default backend's nine terms) or :func:`fit_profile`
     (the five linear terms) on the steps' ``clock`` durations."""
     label = f"CPU engine fit to {len(steps)} timed steps ({clock} clock, {'batched' if batched else 'linear'} terms)"
     return (fit_batched_profile if batched else fit_profile)(samples_of(steps, clock), label=label)

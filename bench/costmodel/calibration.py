@@ -14,7 +14,7 @@ Least squares on relative error (step times span orders of magnitude), with ever
 say) comes back 0. The memory-side coefficients of the returned model are 0, so its step time is
 exactly this sum.
 
-:func:`fit_batched_profile` fits the same way the eight terms of the CPU default backend
+:func:`fit_batched_profile` fits the same way the nine terms of the CPU default backend
 (:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups and their padding).
 """
 
