@@ -15,7 +15,8 @@ say) comes back 0. The memory-side coefficients of the returned model are 0, so 
 exactly this sum.
 
 :func:`fit_batched_profile` fits the same way the nine terms of the CPU default backend
-(:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups and their padding).
+(:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups, their padding and the prefill
+group's own work).
 """
 
 from __future__ import annotations
