@@ -59,12 +59,12 @@ ASSUMPTIONS = (
     "queries scattered into a padded tensor, its causal mask expanded per query head, its rows gathered back).",
     "Terms the grid cannot separate (identifiability in the coefficient table): the real decode context tokens "
     "and the padded decode keys differ only by the padding inside a bucket (under 2x by the backend's "
-    "bucketing, 10-30% of the keys in the grid's spread and join runs), which on this model is a few percent "
-    "of a step, below the timing noise: the fit may put that cost on either, and its choice can change from run "
-    "to run with little change to any prediction. Both are kept, since a bigger model or a GPU backend can "
-    "tell them apart. The real causal prefill pairs and the padded ones are well separated (the burst's "
-    "unlike chunks, chunked prompts): a real pair fitted at 0 says the backend pays per padded pair (its "
-    "SDPA with an explicit mask computes every masked pair too), which is what its code does.",
+    "bucketing; over the grid's steps a median of 2% of the keys and at most about 25%), which on this model is"
+    " a few percent of a step at most, below the timing noise: the fit may put that cost on either, and its "
+    "choice can change from run to run with little change to any prediction. Both are kept, since a bigger "
+    "model or a GPU backend can tell them apart. The real causal prefill pairs and the padded ones are well "
+    "separated (the burst's unlike chunks, chunked prompts): a real pair fitted at 0 says the backend pays per "
+    "padded pair (its SDPA with an explicit mask computes every masked pair too), which is what its code does.",
     "The linear fit (the first five terms only, as fitted for the per-sequence `torch` backend before) is "
     "fitted to the same steps and validated on the same trace, for comparison.",
     "The target is the whole engine step on the wall clock (schedule + execute + update), so the "
