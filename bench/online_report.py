@@ -75,9 +75,9 @@ def render_markdown(record: dict) -> str:
         lines += _rate_section(r)
     lines += ["KS: the two-sample Kolmogorov-Smirnov statistic (largest gap between empirical CDFs); the real runs' "
               "own KS is the noise floor it is read against. TPOT leaves out one-token outputs.", "",
-              "Steps that wake an idle engine (the loop had waited for an arrival: at a low rate, most requests' "
-              "first step) run slower than the same shape in a busy run (caches gone cold while the process "
-              "slept); the cost model prices a step by its shape alone, so it misses them, and TTFT at a low rate "
-              "with them.", "",
+              "Steps that wake an idle engine (the loop had waited for an arrival: at a low rate, many requests' "
+              "first step) can run slower than the same shape in a busy run (likely caches gone cold while the "
+              "process slept): the cost model prices a step by its shape alone and cannot see it; compare the "
+              "errors of the steps with a prefill after idle and while busy above.", "",
               environment_markdown(record["environment"]), ""]
     return "\n".join(lines)
