@@ -5,9 +5,11 @@
 1. *Calibration* (:mod:`bench.calibrate_steps`): the engine of ``bench/configs/calibrate.yaml`` (the
    ``small`` random model, fp32, the CPU default ``torch-batched`` attention) serves a grid of step
    shapes (decode batches of 1..32 at a few context lengths and at mixed lengths, prefill chunks of
-   several sizes, mixed steps) after a warm-up; every step is timed and
-   :func:`bench.costmodel.calibration.fit_batched_profile` fits the eight terms of that backend (the
-   five linear ones, its attention groups and their padding) to them; the five-term linear fit
+   several sizes, mixed steps, and decode batches of 1..16 that short prompts join one or two at a time,
+   as arrivals in serving make them) after a warm-up; every step is timed and
+   :func:`bench.costmodel.calibration.fit_batched_profile` fits the nine terms of that backend (the
+   five linear ones, its attention groups, their padding and the prefill group's own work) to them, each
+   term's identifiability over the grid recorded beside it; the five-term linear fit
    (:func:`bench.costmodel.fit_profile`) is fitted beside it for comparison. Reported: the
    coefficients and the fit's relative errors (all steps, and by kind), beside the best constant.
 2. *Validation* (:mod:`bench.calibrate_validation`): a ShareGPT-like trace the grid never served, on the
@@ -38,20 +40,31 @@ from pagedbench.bench.calibrate_steps import (
     fit,
     fit_errors,
     median_rescaled,
+    samples_of,
     step_batch,
 )
 from pagedbench.bench.calibrate_validation import validate
-from pagedbench.bench.costmodel.calibration import terms_of
+from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.refengine import ModelConfig, load_model
 
 ASSUMPTIONS = (
     "Step time = fixed + c x tokens + h x sampled sequences + a x sum of decode context lengths "
     "+ p x sum over prefill chunks of q x (cached + (q + 1) / 2) + g x attention groups + k x padded decode "
-    "keys + r x padded prefill pairs: the compute side of the roofline, linear in its terms; the memory-side "
-    "terms are 0 (no separate bandwidth roof on a CPU at these sizes). The groups are the batched backend's: "
-    "decodes bucketed by the power of two >= 32 at or above their length, each bucket padded to its longest "
-    "sequence (S x L keys), and every prefill chunk in one group padded to S x max query x max length.",
+    "keys + r x padded prefill pairs + f x (1 if the step has a prefill group): the compute side of the "
+    "roofline, linear in its terms; the memory-side terms are 0 (no separate bandwidth roof on a CPU at these "
+    "sizes). The groups are the batched backend's: decodes bucketed by the power of two >= 32 at or above "
+    "their length, each bucket padded to its longest sequence (S x L keys), and every prefill chunk in one "
+    "group padded to S x max query x max length; f is what a prefill group costs beyond a decode group (its "
+    "queries scattered into a padded tensor, its causal mask expanded per query head, its rows gathered back).",
+    "Terms the grid cannot separate (identifiability in the coefficient table): the real decode context tokens "
+    "and the padded decode keys differ only by the padding inside a bucket (under 2x by the backend's "
+    "bucketing; over the grid's steps a median of 2% of the keys and at most about 25%), which on this model is"
+    " a few percent of a step at most, below the timing noise: the fit may put that cost on either, and its "
+    "choice can change from run to run with little change to any prediction. Both are kept, since a bigger "
+    "model or a GPU backend can tell them apart. The real causal prefill pairs and the padded ones are well "
+    "separated (the burst's unlike chunks, chunked prompts): a real pair fitted at 0 says the backend pays per "
+    "padded pair (its SDPA with an explicit mask computes every masked pair too), which is what its code does.",
     "The linear fit (the first five terms only, as fitted for the per-sequence `torch` backend before) is "
     "fitted to the same steps and validated on the same trace, for comparison.",
     "The target is the whole engine step on the wall clock (schedule + execute + update), so the "
@@ -103,6 +116,8 @@ def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float) -> d
         "num_samples_by_kind": {k: sum(s.kind == k for s in steps) for k in KINDS},
         "max_decode_batch": max((len(s.shape.decode_context_lens) for s in steps), default=0),
         **_fit_section(steps, costs["wall"], "wall"),
+        # per term, the share of its design column no other term explains (0: not identifiable from the grid)
+        "identifiability": term_identifiability(samples_of(steps, "wall")),
         "cpu_clock": _fit_section(steps, costs["cpu"], "cpu"),
         "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall"),
         "linear_terms": _fit_section(steps, costs["linear"], "wall"),

@@ -50,6 +50,8 @@ class GridSpec:
     decode_batches: tuple[int, ...]  # decode batch sizes a run steps down through (decreasing)
     steps_per_batch: int
     mixed_prefill_lens: tuple[int, ...]  # prompts joining a decode batch
+    join_batches: tuple[int, ...]  # decode batch size of each join run
+    join_prefill_lens: tuple[int, ...]  # short prompts joining a join run's batch, one then two at a time
     prefill_lens: tuple[int, ...]  # lone prompts
     burst_lens: tuple[int, ...]  # a burst of decode_batches[0] prompts cycling through these lengths
     prefill_repeats: int
@@ -189,7 +191,17 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if g.decode_batches[0] * longest + max(g.mixed_prefill_lens) > e.num_blocks * e.block_size:
         raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold a decode "
                                            f"run ({g.decode_batches[0]} x {longest} tokens) unpreempted")
-    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens"):
+    if max(g.join_batches) + 2 > e.max_num_seqs:
+        raise r.error("grid.join_batches", f"a join run of {max(g.join_batches)} decodes and two joining prompts "
+                                           f"exceeds engine.max_num_seqs {e.max_num_seqs}")
+    join_longest = max(g.spread_contexts) + join_run_tokens(cfg, max(g.join_batches))
+    if join_longest > e.max_model_len:
+        raise r.error("grid.join_prefill_lens", f"a join run reaches {join_longest} tokens, more than "
+                                                f"engine.max_model_len {e.max_model_len}")
+    if max(g.join_batches) * join_longest + 2 * max(g.join_prefill_lens) > e.num_blocks * e.block_size:
+        raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold a join run "
+                                           f"({max(g.join_batches)} x {join_longest} tokens) unpreempted")
+    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens", "join_prefill_lens"):
         if max(getattr(g, name)) >= e.max_model_len:
             raise r.error(f"grid.{name}", f"prompts must be shorter than engine.max_model_len "
                                           f"{e.max_model_len}, got {max(getattr(g, name))}")
@@ -201,6 +213,21 @@ def decode_run_tokens(cfg: CalibrateConfig, context: int) -> int:
     e, g = cfg.engine, cfg.grid
     prefill_steps = -(-g.decode_batches[0] * context // e.max_num_batched_tokens)
     return prefill_steps + g.steps_per_batch * len(g.decode_batches) + 1
+
+
+def join_pairs(lens: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """What joins a join run's batch, one group per join: each of ``lens`` alone, then each beside the
+    one two places on (cyclically: pairs of unlike lengths, two chunks in one padded prefill group)."""
+    pairs = tuple((a, lens[(i + 2) % len(lens)]) for i, a in enumerate(lens)) if len(lens) > 1 else ()
+    return tuple((n,) for n in lens) + pairs
+
+
+def join_run_tokens(cfg: CalibrateConfig, batch: int) -> int:
+    """The most tokens a decode request of a join run of ``batch`` generates: one per prefill step of the
+    batch (chunked by the token budget) plus two per join, and one to spare."""
+    e, g = cfg.engine, cfg.grid
+    prefill_steps = -(-batch * max(g.spread_contexts) // e.max_num_batched_tokens)
+    return prefill_steps + 2 * len(join_pairs(g.join_prefill_lens)) + 1
 
 
 def load_config(path: str | Path = CONFIG, *, quick: bool = False) -> CalibrateConfig:

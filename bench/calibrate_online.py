@@ -136,15 +136,46 @@ def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
     return min(busy, run_wall_s)
 
 
-def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[StepShape], float]) -> dict:
+class StepLog:
+    """The steps of :func:`serve_online` runs: ``steps[i]`` = (shape, seconds), ``after_idle[i]`` = step ``i``
+    started an engine with nothing in flight (its run's first step, or one after a step that left no request
+    unfinished: the loop then waits for the next arrival)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[StepShape, float]] = []
+        self.after_idle: list[bool] = []
+
+    def recorder(self, core: EngineCore) -> Callable[[StepReport], None]:
+        """An ``on_step`` for one run on ``core``."""
+        idle = True  # the first step starts an empty engine
+
+        def record(report: StepReport) -> None:
+            nonlocal idle
+            self.steps.append((StepShape.of(report.output), report.end_s - report.start_s))
+            self.after_idle.append(idle)
+            idle = not core.has_unfinished()
+
+        return record
+
+
+def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[StepShape], float],
+               after_idle: Sequence[bool] | None = None) -> dict:
     """The model's relative error on the real runs' own steps (it separates a step model that is off from time
-    the loop spends between steps, which the simulator does not model)."""
+    the loop spends between steps, which the simulator does not model). ``after_idle[i]``: step ``i`` started
+    an engine with nothing in flight (the loop had waited for an arrival); given, the steps with a prefill are
+    split by it too, since a step that wakes an idle engine runs on cold caches, which no step shape says."""
     error = np.array([step_time_s(shape) / seconds - 1.0 for shape, seconds in steps])
     prefill = np.array([bool(shape.prefill_chunks) for shape, _ in steps])
-    by_kind = {kind: float(np.median(error[mask])) if mask.any() else None
-               for kind, mask in (("with_prefill", prefill), ("decode_only", ~prefill))}
+    kinds = [("with_prefill", prefill), ("decode_only", ~prefill)]
+    if after_idle is not None:
+        if len(after_idle) != len(steps):
+            raise ValueError(f"expected one after_idle flag per step ({len(steps)}), got {len(after_idle)}")
+        idle = np.asarray(after_idle, dtype=bool)
+        kinds += [("with_prefill_after_idle", prefill & idle), ("with_prefill_while_busy", prefill & ~idle)]
+    by_kind = {kind: float(np.median(error[mask])) if mask.any() else None for kind, mask in kinds}
     return {"num_steps": len(steps), "median_rel_error": float(np.median(error)),
             "median_rel_error_by_kind": by_kind, "num_steps_with_prefill": int(prefill.sum()),
+            "num_steps_after_idle": None if after_idle is None else int(np.sum(after_idle)),
             "median_abs_rel_error": float(np.median(np.abs(error))),
             "predicted_over_measured_total": sum(step_time_s(s) for s, _ in steps) / sum(t for _, t in steps)}
 
@@ -190,10 +221,10 @@ def run(config: Path, calibration: Path) -> dict:
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
         arrivals = arrival_times("poisson", NUM_REQUESTS, rate, seed=ARRIVAL_SEED).tolist()
-        real, cpu_share, steps = [], [], []
-        record_step = lambda r, steps=steps: steps.append((StepShape.of(r.output), r.end_s - r.start_s))  # noqa: E731
+        real, cpu_share, log = [], [], StepLog()
         for _ in range(2):
             llm, _ = build_engine(loaded, spec)
+            record_step = log.recorder(llm.core)
             wall0, cpu0 = time.perf_counter(), time.process_time()
             real.append(serve_online(llm.core, arrivals, trace.prompts, trace.output_lens,
                                      wall_wait_until(llm.core.clock), record_step))
@@ -204,7 +235,7 @@ def run(config: Path, calibration: Path) -> dict:
         sim = serve_simulated_online(spec, trace, arrivals, step_time_s)
         rates.append({"name": name, "fraction_of_saturation": fraction, "rate_per_s": rate,
                       "last_arrival_s": arrivals[-1], "real_cpu_share_while_busy": cpu_share,
-                      "step_error": step_error(steps, step_time_s),
+                      "step_error": step_error(log.steps, step_time_s, log.after_idle),
                       "metrics": compare_runs(*real, sim, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR),
                       "requests": {"real_a": [asdict(t) for t in real[0]], "real_b": [asdict(t) for t in real[1]],
                                    "sim": [asdict(t) for t in sim]}})

@@ -23,6 +23,7 @@ _TERM_UNITS = {
     "attn_group_s": ("per attention group", 1e6, "µs"),
     "decode_attn_s_per_padded_key": ("per padded decode key", 1e9, "ns"),
     "prefill_attn_s_per_padded_pair": ("per padded prefill (query, key) pair", 1e9, "ns"),
+    "prefill_group_s": ("per prefill group (beyond a decode group's)", 1e6, "µs"),
 }
 
 
@@ -53,8 +54,9 @@ def _pct(x: float) -> str:
 
 def _fit_tables(cal: dict) -> list[str]:
     linear = cal.get("linear_terms", {}).get("coefficients", {})
+    ident = cal.get("identifiability", {})
     coef = [(label, f"{cal['coefficients'][t] * scale:.4g} {unit}",
-             f"{linear[t] * scale:.4g} {unit}" if t in linear else "-")
+             f"{ident[t]:.3f}" if t in ident else "-", f"{linear[t] * scale:.4g} {unit}" if t in linear else "-")
             for t, (label, scale, unit) in _TERM_UNITS.items() if t in cal["coefficients"]]
     rows = []
     for kind, s in cal["fit_errors"].items():
@@ -70,7 +72,11 @@ def _fit_tables(cal: dict) -> list[str]:
         "", f"Steps by kind: {cal['num_samples_by_kind']}; decode batches up to {cal['max_decode_batch']}; "
             f"host (scheduler) share of a step, median: {cal['host_share_median']:.1%}; CPU time / wall time "
             f"of the steps: {cal['cpu_share_of_wall']:.1%}.", "",
-        tabulate(coef, ["term", "fitted cost", "linear terms only (for comparison)"], tablefmt="github"), "",
+        tabulate(coef, ["term", "fitted cost", "identifiability", "linear terms only (for comparison)"],
+                 tablefmt="github"), "",
+        "Identifiability: the share (0..1) of a term's column in the fit (relative weighting) that no combination "
+        "of the other terms explains over the grid's steps; near 0 the grid cannot tell the term from the "
+        "others and its fitted value is arbitrary.", "",
         "Relative error of the fit on its own samples (predicted / measured - 1):", "",
         tabulate(rows, ["steps", "n", "median abs err", "p90 abs err", "max abs err", "rms", "median (signed)"],
                  tablefmt="github"), "",

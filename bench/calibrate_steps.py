@@ -16,6 +16,9 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
   steps at each size), and one more whose prompts cycle through ``spread_contexts`` (decodes of
   several lengths in one step: the batched backend's attention groups); every ``steps_per_batch``
   decode-only steps a fresh prompt from ``mixed_prefill_lens`` joins for one step (a mixed step);
+- a *join run* per size in ``join_batches``: that many decodes (prompts from ``spread_contexts``) that
+  short prompts of ``join_prefill_lens`` join every other step, one and then two at a time (mixed steps
+  of a few short chunks beside a decode batch: what requests arriving one by one make of a step);
 - *lone prompts* of each of ``prefill_lens`` (``prefill_repeats`` times), ``max_tokens=1``: prefill-only
   steps, chunked past the token budget; and a *burst* of ``decode_batches[0]`` prompts cycling through
   ``burst_lens``, ``max_tokens=1`` (prefill steps of many chunks of several lengths: an offline batch's
@@ -31,7 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pagedbench.bench.calibrate_config import CalibrateConfig, EngineSpec, decode_run_tokens
+from pagedbench.bench.calibrate_config import (
+    CalibrateConfig,
+    EngineSpec,
+    decode_run_tokens,
+    join_pairs,
+    join_run_tokens,
+)
 from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.calibration import fit_batched_profile, relative_errors, terms_of
@@ -108,7 +117,10 @@ def run_engine(llm: LLM, timer: TimingExecutor,
     return steps
 
 
-class _Grid:
+class StepGrid:
+    """The grid's runs on one engine (see the module docstring): each queues its requests and steps the engine
+    until they are done, returning every step timed."""
+
     def __init__(self, llm: LLM, timer: TimingExecutor, cfg: CalibrateConfig) -> None:
         self.llm, self.timer, self.cfg = llm, timer, cfg
         self.rng = np.random.default_rng(cfg.engine.seed)
@@ -148,6 +160,23 @@ class _Grid:
 
         return run_engine(self.llm, self.timer, join)
 
+    def join_run(self, batch: int, rotate: int = 0) -> list[TimedStep]:
+        """``batch`` decodes (prompts cycling through ``spread_contexts`` from index ``rotate``) that the
+        groups of :func:`join_pairs` join one per step, every other step, each prompt leaving after its
+        prefill: mixed steps of ``batch`` decodes and one or two short chunks, as serving's arrivals make."""
+        g = self.cfg.grid
+        prompt_lens = itertools.islice(itertools.cycle(g.spread_contexts), rotate, None)
+        for _ in range(batch):
+            self.add(next(prompt_lens), join_run_tokens(self.cfg, batch))
+        joins = iter(join_pairs(g.join_prefill_lens))
+
+        def join(steps: list[TimedStep]) -> None:
+            if steps and steps[-1].kind == "decode":  # the whole batch decodes: a join step next
+                for n in next(joins, ()):
+                    self.add(n, 1)
+
+        return run_engine(self.llm, self.timer, join)
+
     def lone_prompts(self) -> list[TimedStep]:
         steps = []
         for _ in range(self.cfg.grid.prefill_repeats):
@@ -164,12 +193,14 @@ class _Grid:
 def calibration_steps(loaded, cfg: CalibrateConfig) -> list[TimedStep]:
     """Serve the grid on one engine (see the module docstring); every timed step, warm-up excluded."""
     llm, timer = build_engine(loaded, cfg.engine)
-    grid = _Grid(llm, timer, cfg)
+    grid = StepGrid(llm, timer, cfg)
     grid.warm_up()
     steps = []
     for context in cfg.grid.decode_contexts:
         steps += grid.decode_run((context,))
     steps += grid.decode_run(cfg.grid.spread_contexts)
+    for j, batch in enumerate(cfg.grid.join_batches):
+        steps += grid.join_run(batch, rotate=3 * j)
     return steps + grid.lone_prompts()
 
 
@@ -204,7 +235,7 @@ def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
 
 def fit(steps: Sequence[TimedStep], clock: str = "wall", *,
         batched: bool = True) -> StepCostModel | BatchedStepCost:
-    """:func:`fit_batched_profile` (``batched``: the CPU default backend's eight terms) or :func:`fit_profile`
+    """:func:`fit_batched_profile` (``batched``: the CPU default backend's nine terms) or :func:`fit_profile`
     (the five linear terms) on the steps' ``clock`` durations."""
     label = f"CPU engine fit to {len(steps)} timed steps ({clock} clock, {'batched' if batched else 'linear'} terms)"
     return (fit_batched_profile if batched else fit_profile)(samples_of(steps, clock), label=label)

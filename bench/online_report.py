@@ -18,7 +18,9 @@ def _step_line(e: dict | None) -> list[str]:
             f"{_pct(e['median_rel_error'])} (absolute {e['median_abs_rel_error']:.1%}; "
             + ", ".join(f"{k.replace('_', ' ')} {'-' if v is None else _pct(v)}"
                         for k, v in e.get("median_rel_error_by_kind", {}).items())
-            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill); predicted / measured step "
+            + f"; {e.get('num_steps_with_prefill', '?')} steps with a prefill"
+            + ("" if e.get("num_steps_after_idle") is None else f", {e['num_steps_after_idle']} waking an idle engine")
+            + "); predicted / measured step "
             f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
 
 
@@ -73,5 +75,9 @@ def render_markdown(record: dict) -> str:
         lines += _rate_section(r)
     lines += ["KS: the two-sample Kolmogorov-Smirnov statistic (largest gap between empirical CDFs); the real runs' "
               "own KS is the noise floor it is read against. TPOT leaves out one-token outputs.", "",
+              "Steps that wake an idle engine (the loop had waited for an arrival: at a low rate, many requests' "
+              "first step) can run slower than the same shape in a busy run (likely caches gone cold while the "
+              "process slept): the cost model prices a step by its shape alone and cannot see it; compare the "
+              "errors of the steps with a prefill after idle and while busy above.", "",
               environment_markdown(record["environment"]), ""]
     return "\n".join(lines)

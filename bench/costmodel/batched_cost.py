@@ -10,6 +10,15 @@ length), once per layer. So on top of :data:`calibration.TERMS` a step costs::
     + g     x number of attention groups                 (a gather and an SDPA call per layer each)
     + k_pad x sum over decode groups of S x L             (padded keys gathered and attended)
     + p_pad x S x Mq x L of the prefill group             (the padded score matrix, causal mask or not)
+    + f     x 1 if the step has a prefill group           (what that group does beyond a decode group:
+                                                           its queries scattered into a padded tensor, its
+                                                           causal mask built and expanded per query head,
+                                                           its outputs gathered back, per layer)
+
+The real-work terms beside the padded ones (per decode context token, per causal prefill pair) stay for
+the costs that follow a sequence's real length rather than its group's padding; the data decides
+between them only where the two differ: decode groups whose members differ in length, prefill groups of
+unlike chunks, a chunk after a cached context.
 
 :func:`attention_groups` computes the groups from a :class:`StepBatch` the way the backend does, so
 the simulator pays for a step what the engine pays.
@@ -23,10 +32,11 @@ import numpy as np
 from pagedbench.bench.costmodel.step_cost import StepBatch
 from pagedbench.refengine.model.batched_attention import MIN_DECODE_BUCKET
 
-#: the linear terms (``calibration.TERMS``) and the three of the batched backend, in design-matrix order
+#: the linear terms (``calibration.TERMS``) and the four of the batched backend, in design-matrix order
 BATCHED_TERMS = ("fixed_s", "linear_compute_s_per_token", "lm_head_s_per_sampled_token",
                  "decode_attn_s_per_context_token", "prefill_attn_s_per_pair",
-                 "attn_group_s", "decode_attn_s_per_padded_key", "prefill_attn_s_per_padded_pair")
+                 "attn_group_s", "decode_attn_s_per_padded_key", "prefill_attn_s_per_padded_pair",
+                 "prefill_group_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +74,10 @@ def batched_term_row(batch: StepBatch) -> list[float]:
     padded_keys = sum(g.num_seqs * g.max_seq_len for g in groups if g.max_query_len == 1)
     padded_pairs = sum(g.num_seqs * g.max_query_len * g.max_seq_len for g in groups if g.max_query_len > 1)
     pairs = sum(q * (ctx + 0.5 * (q + 1)) for q, ctx in batch.prefill_chunks)
+    has_prefill_group = any(g.max_query_len > 1 for g in groups)
     return [1.0, float(batch.num_tokens), float(len(batch.decode_context_lens) + len(batch.prefill_chunks)),
             float(sum(batch.decode_context_lens)), float(pairs),
-            float(len(groups)), float(padded_keys), float(padded_pairs)]
+            float(len(groups)), float(padded_keys), float(padded_pairs), float(has_prefill_group)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +93,7 @@ class BatchedStepCost:
     attn_group_s: float  # one attention group (gather + SDPA per layer)
     decode_attn_s_per_padded_key: float  # a key of a decode group, padding included
     prefill_attn_s_per_padded_pair: float  # a (query, key) of the padded prefill group
+    prefill_group_s: float  # the prefill group's own work beyond attn_group_s (scatter, causal mask, gather)
 
     def step_time_s(self, batch: StepBatch) -> float:
         """Seconds for ``batch``; 0.0 for an empty one."""

@@ -14,8 +14,9 @@ Least squares on relative error (step times span orders of magnitude), with ever
 say) comes back 0. The memory-side coefficients of the returned model are 0, so its step time is
 exactly this sum.
 
-:func:`fit_batched_profile` fits the same way the eight terms of the CPU default backend
-(:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups and their padding).
+:func:`fit_batched_profile` fits the same way the nine terms of the CPU default backend
+(:mod:`bench.costmodel.batched_cost`: the five above plus its attention groups, their padding and the prefill
+group's own work).
 """
 
 from __future__ import annotations
@@ -79,6 +80,27 @@ def _fit(samples: Sequence[StepSample], terms: tuple[str, ...], row) -> tuple[di
     coef = _nonnegative_lstsq(a / norms, np.ones(len(samples))) / norms  # rows / y . x ~ 1
     rms = float(np.sqrt(np.mean((rows @ coef / seconds - 1.0) ** 2)))
     return dict(zip(terms, map(float, coef))), rms
+
+
+def term_identifiability(samples: Sequence[StepSample], terms: tuple[str, ...] = BATCHED_TERMS,
+                         row=batched_term_row) -> dict[str, float]:
+    """How well ``samples`` tell each term apart from the others: the share (0..1) of the term's column of
+    the fit's design matrix (relative weighting, unit-norm columns) that no combination of the other
+    columns explains, ``sqrt(1 - R^2)`` of regressing it on them. 0: the term moves with the others over
+    these samples (or is never exercised), so its fitted value is arbitrary; near 1: independent."""
+    rows = np.array([row(s.batch) for s in samples], dtype=np.float64)
+    a = rows / np.array([s.seconds for s in samples])[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    out = {}
+    for j, term in enumerate(terms):
+        if norms[j] == 0:
+            out[term] = 0.0
+            continue
+        others = np.delete(a / np.where(norms == 0, 1.0, norms), j, axis=1)
+        col = a[:, j] / norms[j]
+        sol, *_ = np.linalg.lstsq(others, col, rcond=None)
+        out[term] = float(np.linalg.norm(col - others @ sol))
+    return out
 
 
 def fit_profile(samples: Sequence[StepSample], label: str | None = None) -> StepCostModel:

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import yaml
 from pagedbench.bench import calibrate
-from pagedbench.bench.calibrate_config import CONFIG, load_config
+from pagedbench.bench.calibrate_config import CONFIG, join_pairs, load_config
 from pagedbench.bench.calibrate_report import write_atomic
-from pagedbench.bench.calibrate_steps import step_batch
+from pagedbench.bench.calibrate_steps import StepGrid, build_engine, run_engine, step_batch
 from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
 from pagedbench.bench.costmodel import ProfileError, StepBatch
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
-from pagedbench.bench.costmodel.calibration import TERMS
+from pagedbench.bench.costmodel.calibration import TERMS, StepSample, fit_batched_profile, term_identifiability
 from pagedbench.refengine import ModelConfig, load_model
 from pagedbench.refengine.engine.core import StepShape
 
@@ -83,6 +83,47 @@ def test_fitted_model_beats_a_constant_on_its_samples(quick_run):
     assert record["calibration"]["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(fitted ** 2)))
 
 
+def test_the_grids_own_steps_identify_every_batched_term(quick_run):
+    # On exactly the shapes the grid served, no term moves with the others: a known model is recovered
+    # term by term, and each term keeps a share of its own. The two decode-key terms part only where a
+    # bucket holds unlike lengths (spread_contexts shares buckets); one length per bucket gives ~0.005.
+    _, record = quick_run
+    truth = _cost(dict(zip(BATCHED_TERMS, (2e-3, 5e-5, 3e-5, 4e-7, 2e-8, 2e-4, 3e-7, 5e-8, 6e-4))))
+    batches = [_batch(s) for s in record["calibration"]["samples"]]
+    samples = [StepSample(b, truth.step_time_s(b)) for b in batches]
+    fitted = fit_batched_profile(samples)
+    for name in BATCHED_TERMS:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-4), name
+    share = term_identifiability(samples)
+    assert min(share["decode_attn_s_per_context_token"], share["decode_attn_s_per_padded_key"]) > 0.03, share
+    assert min(v for t, v in share.items() if "decode_attn" not in t) > 0.2, share
+    assert record["calibration"]["identifiability"].keys() == set(BATCHED_TERMS)
+
+
+def test_a_join_run_mixes_each_short_prompt_into_a_full_decode_batch():
+    cfg = load_config(quick=True)
+    e = cfg.engine
+    loaded = load_model(ModelConfig.from_yaml(Path(CONFIG).parent / "models.yaml", name=e.model),
+                        dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
+    llm, timer = build_engine(loaded, e)
+    grid = StepGrid(llm, timer, cfg)
+    batch = max(cfg.grid.join_batches)
+    steps = grid.join_run(batch, rotate=1)
+    joined = [s.shape for s in steps if s.kind == "mixed" and len(s.shape.decode_context_lens) == batch]
+    # every join, one then two short prompts at a time, each whole (no cached context) beside every decode
+    assert [tuple(q for q, _ in shape.prefill_chunks) for shape in joined] == list(join_pairs(
+        cfg.grid.join_prefill_lens))
+    assert all(q == ctx for shape in joined for q, ctx in shape.prefill_chunks)
+    # the decodes' prompts cycle through spread_contexts from the rotation on: several lengths, one batch
+    assert len({n for n in joined[0].decode_context_lens}) == min(batch, len(cfg.grid.spread_contexts))
+    assert not llm.core.has_unfinished() and run_engine(llm, timer) == []
+
+
+def test_join_pairs_are_each_length_alone_then_unlike_pairs():
+    assert join_pairs((3, 7, 12)) == ((3,), (7,), (12,), (3, 12), (7, 3), (12, 7))
+    assert join_pairs((5,)) == ((5,),)
+
+
 def test_quick_validation_compared_equal_schedules(quick_run):
     _, record = quick_run
     sched = record["validation"]["schedule"]
@@ -97,7 +138,7 @@ def test_the_schedule_check_catches_a_different_schedule():
                         dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
     trace = validation_trace(cfg, loaded.config.vocab_size)
     real = serve_real(loaded, e, trace)
-    cost = _cost(dict(zip(BATCHED_TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8, 1e-4, 1e-7, 1e-8))))
+    cost = _cost(dict(zip(BATCHED_TERMS, (1e-3, 1e-5, 1e-4, 1e-7, 1e-8, 1e-4, 1e-7, 1e-8, 1e-4))))
     same = serve_simulated(e, trace, cost)
     assert same.shapes == real.shapes
     # each request's finish step: its wall latency holds the steps' own time up to it (and the moments
@@ -138,6 +179,10 @@ def _bad_config(tmp_path: Path, edit) -> Path:
     (lambda r: r["engine"].update(num_blocks=8), False, "engine.num_blocks", "unpreempted"),
     (lambda r: r["grid"].update(spread_contexts=[16, 1000]), False, "grid.spread_contexts", "more than engine.max"),
     (lambda r: r["engine"].update(attention_backend="cuda"), False, "engine.attention_backend", "torch-batched"),
+    (lambda r: r["grid"].update(join_batches=[4, 31]), False, "grid.join_batches", "exceeds engine.max_num_seqs"),
+    (lambda r: r["grid"].update(join_prefill_lens=[3, 2000]), False, "grid.join_prefill_lens", "shorter than"),
+    (lambda r: r["grid"].update(join_prefill_lens=list(range(1, 200))), False, "grid.join_prefill_lens",
+     "a join run reaches"),
 ])
 def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, problem):
     path = _bad_config(tmp_path, edit)

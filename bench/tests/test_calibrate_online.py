@@ -182,3 +182,29 @@ def test_step_error_on_every_step_the_loop_reports() -> None:
     assert e["predicted_over_measured_total"] == pytest.approx(1.1)
     assert 0 < e["num_steps_with_prefill"] < len(steps)
     assert e["median_rel_error_by_kind"] == {"with_prefill": pytest.approx(0.1), "decode_only": pytest.approx(0.1)}
+    # split by whether a step woke an idle engine: each prefill step's error lands in its own half
+    idle = [not shape.decode_context_lens for shape, _ in steps]  # flagged: the steps with no decode
+    by_idle = step_error(steps, lambda s: (0.5 if s.decode_context_lens else 2.0) * STEP_S, idle)
+    kinds = by_idle["median_rel_error_by_kind"]
+    assert kinds["with_prefill_after_idle"] == pytest.approx(1.0) and kinds["with_prefill_while_busy"] == -0.5
+    assert by_idle["num_steps_after_idle"] == sum(idle)
+    with pytest.raises(ValueError, match="one after_idle flag per step"):
+        step_error(steps, constant_step(STEP_S), idle[:-1])
+
+
+def test_step_log_flags_the_steps_that_wake_an_idle_engine() -> None:
+    from pagedbench.bench.calibrate_online import StepLog
+
+    spec, (trace, arrivals) = _spec(), _trace()
+    log = StepLog()
+    for _ in range(2):  # two runs into one log: each run's first step starts an empty engine
+        core = _stub_core(spec, STEP_S)
+        serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to, log.recorder(core))
+    assert len(log.after_idle) == len(log.steps) and log.after_idle[0]
+    woke = [shape for (shape, _), idle in zip(log.steps, log.after_idle) if idle]
+    # a step that wakes the engine has nothing to decode; the stub's sparse arrivals make it idle now and then
+    assert len(woke) > 2 and all(not shape.decode_context_lens and shape.prefill_chunks for shape in woke)
+    # nothing was in flight: every chunk of a waking step is the first of its prompt (chunk = its context)
+    assert all(q == ctx for shape in woke for q, ctx in shape.prefill_chunks)
+    # the burst's chunked prefill runs steps with no decode too, but with work in flight: not flagged
+    assert any(not idle and not shape.decode_context_lens for (shape, _), idle in zip(log.steps, log.after_idle))

@@ -14,7 +14,13 @@ from pagedbench.bench.costmodel.batched_cost import (
     attention_groups,
     batched_term_row,
 )
-from pagedbench.bench.costmodel.calibration import StepSample, fit_batched_profile, fit_profile, relative_errors
+from pagedbench.bench.costmodel.calibration import (
+    StepSample,
+    fit_batched_profile,
+    fit_profile,
+    relative_errors,
+    term_identifiability,
+)
 from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
 
 TRUTH = StepCostModel(label="truth", fixed_s=3e-3, linear_weights_s=0.0, linear_mem_s_per_token=0.0,
@@ -89,7 +95,8 @@ def test_bad_samples_are_refused(samples, expect):
 BATCHED_TRUTH = BatchedStepCost(label="truth", fixed_s=2e-3, linear_compute_s_per_token=1e-4,
                                 lm_head_s_per_sampled_token=4e-5, decode_attn_s_per_context_token=2e-8,
                                 prefill_attn_s_per_pair=1e-9, attn_group_s=7e-4,
-                                decode_attn_s_per_padded_key=6e-8, prefill_attn_s_per_padded_pair=3e-9)
+                                decode_attn_s_per_padded_key=6e-8, prefill_attn_s_per_padded_pair=3e-9,
+                                prefill_group_s=5e-4)
 
 
 def test_attention_groups_follow_the_backends_buckets():
@@ -103,6 +110,9 @@ def test_attention_groups_follow_the_backends_buckets():
     assert row["attn_group_s"] == 4
     assert row["decode_attn_s_per_padded_key"] == 3 * 32 + 2 * 64 + 2 * 100
     assert row["prefill_attn_s_per_padded_pair"] == 2 * 40 * 50
+    assert row["prefill_group_s"] == 1  # one prefill group, whatever its chunks
+    # no prefill group: decodes only, or a one-token chunk (a decode to the backend)
+    assert batched_term_row(StepBatch.of((3, 9), ((1, 40),)))[BATCHED_TERMS.index("prefill_group_s")] == 0
 
 
 def test_batched_fit_recovers_the_group_and_padding_terms():
@@ -113,3 +123,13 @@ def test_batched_fit_recovers_the_group_and_padding_terms():
     assert np.abs(relative_errors(fitted, samples)).max() < 1e-7
     # the linear five-term fit cannot express the groups: it misses on the same samples
     assert np.median(np.abs(relative_errors(fit_profile(samples), samples))) > 0.01
+
+
+def test_identifiability_is_zero_for_terms_that_move_together_or_never_move():
+    # decodes of one length per bucket: padded keys equal real context tokens in every step; no prefill
+    same = [StepBatch.of((n,) * k + (m,) * k) for n, m in ((20, 40), (70, 200), (300, 30)) for k in (1, 3, 8)]
+    share = term_identifiability([StepSample(b, BATCHED_TRUTH.step_time_s(b)) for b in same])
+    assert share["decode_attn_s_per_context_token"] < 1e-6 and share["decode_attn_s_per_padded_key"] < 1e-6
+    assert share["prefill_group_s"] == share["prefill_attn_s_per_padded_pair"] == 0.0  # never exercised
+    share = term_identifiability([StepSample(b, BATCHED_TRUTH.step_time_s(b)) for b in _batches(150)])
+    assert all(0.02 < v <= 1.0 for v in share.values()), share  # random steps tell every term apart
