@@ -208,3 +208,34 @@ def test_step_log_flags_the_steps_that_wake_an_idle_engine() -> None:
     assert all(q == ctx for shape in woke for q, ctx in shape.prefill_chunks)
     # the burst's chunked prefill runs steps with no decode too, but with work in flight: not flagged
     assert any(not idle and not shape.decode_context_lens for (shape, _), idle in zip(log.steps, log.after_idle))
+
+
+def test_report_shows_the_in_process_fit_beside_the_published_one() -> None:
+    """A second model (the grid refit in the check's own process) gets its own verdict and tables; a record
+    without one (--no-refit) gets no such section."""
+    from pagedbench.bench.environment import environment
+    from pagedbench.bench.online_report import render_markdown
+
+    spec, (trace, arrivals) = _spec(), _trace()
+    core = _stub_core(spec, STEP_S)
+    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, core.clock.advance_to)
+    slow = compare_runs(real, real, serve_simulated_online(spec, trace, arrivals, constant_step(1.3 * STEP_S)),
+                        goal_floor=0.05, goal_spread_factor=1.5)
+    exact = compare_runs(real, real, serve_simulated_online(spec, trace, arrivals, constant_step(STEP_S)),
+                         goal_floor=0.05, goal_spread_factor=1.5)
+    record = {"config": {"engine": dataclasses.asdict(spec), "cost_model": {"label": "stub"}, "calibration": "x",
+                         "num_requests": 10, "length_scale": 1.0, "mean_prompt_len": 40.0, "mean_output_len": 6.0,
+                         "arrival_seed": 0, "goal_floor": 0.05, "goal_spread_factor": 1.5},
+              "saturation_rate_per_s": 9.0, "run_wall_s": 1.0, "goal_met": False, "median_abs_rel_error_all": 0.3,
+              "machine_load": {"cpu_count": 2, "loadavg_before": [1.0, 1, 1], "loadavg_after": [2.0, 1, 1]},
+              "environment": environment(), "in_process_fit": {"label": "refit here"},
+              "goal_met_in_process_fit": True,
+              "rates": [{"name": "low", "fraction_of_saturation": 0.15, "rate_per_s": 1.35, "last_arrival_s": 2.0,
+                         "metrics": slow, "in_process_fit": {"step_error": None, "metrics": exact}}]}
+    text = render_markdown(record)
+    section = text.split("## The same check with the grid refit in this process")[1]
+    assert "(refit here)" in section and "**Goal met** for 3 of 3 metrics x rates" in section
+    assert "| TPOT | 0.0% (signed +0.0%) |" in section  # the refit's table, not the published model's
+    assert "| TPOT | 30.0% (signed +30.0%) |" in text.split("## The same check")[0]
+    del record["in_process_fit"]
+    assert "## The same check" not in render_markdown(record)
