@@ -169,8 +169,8 @@ conformance-matrix: install
 ## subprocess. pagedbench goes in too (--no-deps, editable, with the gate's pytest plugins), so the gate and
 ## its workers run on that venv's interpreter: `.peers/bin/python -m pagedbench.conformance --impl ...`.
 PEERS_VENV ?= .peers
-VLLM_VERSION ?= 0.11.0
-SGLANG_VERSION ?= 0.5.3
+VLLM_VERSION ?= 0.33.0
+SGLANG_VERSION ?= 0.5.23
 # What `from vllm.v1.core.kv_cache_manager import KVCacheManager` imports on its way (vllm.utils, the
 # request and usage modules), and xxhash for nano-vllm's block manager: the host-cost bench drives both.
 PEERS_HOST_COST_DEPS := cachetools cbor2 cloudpickle psutil regex setproctitle pyyaml pyzmq packaging transformers \
