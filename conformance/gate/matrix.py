@@ -42,8 +42,25 @@ PROPERTY_OF_MODULE = {
     "test_block_manager_stateful.py": "block manager",
     "test_copy_on_write_data.py": "block manager",
     "test_kernel_validation.py": "validation",
+    "test_merge_states.py": "merge / cascade",
+    "test_long_context.py": "large blocks, long context",
+    "test_gqa_groups.py": "GQA 12/16",
+    "test_fp8_kv.py": "fp8 KV",
+    "test_engine_metadata.py": "engine metadata",
 }
-PROPERTIES = ("decode", "prefill", "cache ops", "int64 offsets", "metamorphic", "block manager")
+PROPERTIES = (
+    "decode",
+    "prefill",
+    "cache ops",
+    "int64 offsets",
+    "metamorphic",
+    "block manager",
+    "merge / cascade",
+    "large blocks, long context",
+    "GQA 12/16",
+    "fp8 KV",
+    "engine metadata",
+)
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")
 REASON_CHARS = 180
