@@ -5,12 +5,15 @@
 few hand-made tensors, with the import lines a full vLLM / SGLang install would use (here the kernel files
 are loaded first by ``conformance.peers.load_kernel_module``, so those lines find them). The file shows
 each function's source and what it printed on this machine, beside the peer source lines it points at
-(read from the installed files), so nothing in it is written by hand.
+(read from the installed files), and whether each finding still reproduces there (each reproduction
+returns it), so nothing in it is written by hand: re-run on new peer versions, it says which findings
+were fixed and which still stand.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import inspect
 import io
@@ -19,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from pagedbench.conformance.gate import report_files
 from pagedbench.conformance.gate.environment import environment
@@ -40,7 +44,7 @@ def attend(q, k, v, scale):
 
 def vllm_paged_decode_reads_unused_slots():
     import torch
-    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+    from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size, seq_len = 4, 2, 64, 16, 3
@@ -74,12 +78,14 @@ def vllm_paged_decode_reads_unused_slots():
     want = attend(q[0], k[0, :seq_len], v[0, :seq_len], scale)
     print("finite values in slots 3..15: max |error| =", f"{(run(k, v)[0].double() - want).abs().max().item():.1e}")
     k[0, seq_len:], v[0, seq_len:] = float("nan"), float("nan")  # slots past the sequence's 3 tokens
-    print("NaN in slots 3..15 (never part of the sequence): output has NaN =", run(k, v).isnan().any().item())
+    poisoned = run(k, v).isnan().any().item()
+    print("NaN in slots 3..15 (never part of the sequence): output has NaN =", poisoned)
+    return poisoned
 
 
 def vllm_rocm_window_is_one_key_short():
     import torch
-    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+    from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size, seq_len, window = 4, 2, 64, 16, 12, 5
@@ -116,12 +122,19 @@ def vllm_rocm_window_is_one_key_short():
             print(
                 f"sliding_window={arg}: max |error| against the last {keys} keys = {(run(arg) - ref).abs().max():.1e}"
             )
+    # what RocmAttentionImpl passes for a model window of `window` keys, read from the installed backend
+    passed = backend_keyword_value(
+        "vllm/v1/attention/backends/rocm_attn.py", "chunked_prefill_paged_decode", "sliding_window",
+        self_attrs={"sliding_window": (window - 1, 0)},
+    )  # fmt: skip
+    print(f"RocmAttentionImpl passes sliding_window={passed[0]} = {passed[1]} for a window of {window} keys")
+    return passed[1] != window
 
 
 def zero_length_sequence_gives_nan():
     import torch
-    from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
-    from vllm.attention.ops.triton_unified_attention import unified_attention
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size = 4, 2, 64, 16
@@ -150,8 +163,14 @@ def zero_length_sequence_gives_nan():
         q_descale=None,
         k_descale=descale,
         v_descale=descale,
+        seq_threshold_3D=128 // kv_heads,  # TritonAttentionBackend's: batches this small take the 3-D path
+        num_par_softmax_segments=16,
+        softmax_segm_output=torch.empty(2, heads, 16, d),
+        softmax_segm_max=torch.empty(2, heads, 16),
+        softmax_segm_expsum=torch.empty(2, heads, 16),
     )
-    print("vLLM unified_attention, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+    vllm_nan = out.isnan().flatten(1).any(1).tolist()
+    print("vLLM unified_attention, rows with NaN:", vllm_nan)
 
     out, splits = torch.empty_like(q), 8
     decode_attention_fwd(
@@ -166,22 +185,45 @@ def zero_length_sequence_gives_nan():
         num_kv_splits=torch.full((2,), splits, dtype=torch.int32),
         max_kv_splits=splits,
         sm_scale=scale,
+        k_scale=1.0,
+        v_scale=1.0,
     )
-    print("SGLang decode_attention_fwd, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+    sglang_nan = out.isnan().flatten(1).any(1).tolist()
+    print("SGLang decode_attention_fwd, rows with NaN:", sglang_nan)
     print(
         "the non-empty row is right (max |error|):",
         f"{(out[1].double() - attend(q[1], k[1, :5], v[1, :5], scale)).abs().max():.1e}",
     )
+    return vllm_nan[0] or sglang_nan[0]
+
+
+def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: dict[str, object]) -> tuple[str, object]:
+    """(source, value) of the ``keyword=`` argument of the first ``call(...)`` in an installed peer file,
+    evaluated with ``self`` holding ``self_attrs``: what a backend passes to a kernel, read from its source."""
+    top, _, rest = relative.partition("/")
+    tree = ast.parse((_package_dir(top) / rest).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        name = getattr(node, "func", None)
+        name = getattr(name, "id", None) or getattr(name, "attr", None)
+        if isinstance(node, ast.Call) and name == call:
+            for kw in node.keywords:
+                if kw.arg == keyword:
+                    source = ast.unparse(kw.value)
+                    expression = compile(ast.Expression(kw.value), relative, "eval")
+                    return source, eval(expression, {"self": SimpleNamespace(**self_attrs)})
+    raise LookupError(f"no {call}(..., {keyword}=...) in {relative}")
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One finding: a title, whether it is a bug, what it means, its reproduction and the peer lines it cites."""
+    """One finding: a title, whether it is a bug, what it means, its reproduction (which returns whether the
+    finding still shows on the installed peers) and the peer lines it cites."""
 
     title: str
     kind: str  # "bug" or "limitation"
+    found_on: str  # the peer versions the finding was first reported on
     summary: str
-    reproduce: Callable[[], None]
+    reproduce: Callable[[], bool]
     cites: tuple[tuple[str, str], ...] = ()  # (installed file relative to site-packages, text on the line)
 
 
@@ -189,37 +231,41 @@ FINDINGS = (
     Finding(
         "vLLM `chunked_prefill_paged_decode`: decode reads the unused slots of each sequence's last block",
         "bug",
+        "vllm 0.11.0",
         "`kernel_paged_attention_2d` loads K and V for every slot of a block (its loads are masked by head "
         "dimension only) and masks the scores afterwards, so a NaN or infinity left in a slot past the "
         "sequence's length (a reused block, an uninitialised cache) turns the whole output row into NaN: "
-        "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` in the same release masks these "
-        "loads (`tile_mask`) and is not affected. Every decode case of the matrix whose last block is partial "
-        "fails this way for `vllm-paged-decode`.",
+        "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` masks these loads (`tile_mask`) "
+        "and is not affected. Every decode case of the matrix whose last block is partial fails this way for "
+        "`vllm-paged-decode` while it reproduces.",
         vllm_paged_decode_reads_unused_slots,
         (
-            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "K_load = tl.load(key_cache_ptr + k_offset,"),
-            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "V_load = tl.load(value_cache_ptr + v_offset,"),
+            ("vllm/v1/attention/ops/chunked_prefill_paged_decode.py", "K_load = tl.load(key_cache_ptr + k_offset,"),
+            ("vllm/v1/attention/ops/chunked_prefill_paged_decode.py", "V_load = tl.load(value_cache_ptr + v_offset,"),
         ),
     ),
     Finding(
         "vLLM ROCm attention backend: a sliding window of W keys attends to W - 1",
         "bug",
+        "vllm 0.11.0",
         "`chunked_prefill_paged_decode(sliding_window=N)` attends to the last N keys (`context_len - pos < N`), "
-        "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent) and "
-        "passes its first element, so a model with a window of W keys sees W - 1 of them on this path, while "
-        "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. With "
+        "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent); in "
+        "vLLM 0.11.0 it passed that first element, so a model with a window of W keys saw W - 1 of them on "
+        "this path, while the unified-attention path of the same class (`window_size=(W - 1, 0)`) saw W. With "
         "`sliding_window=W` the kernel matches the oracle, and that is what the `vllm-paged-decode` adapter "
-        "passes: the matrix judges the kernel, and this backend's off-by-one shows only here.",
+        "passes: the matrix judges the kernel, and the backend's argument is checked only here (the "
+        "reproduction reads it from the installed backend's call and evaluates it for a window of W keys).",
         vllm_rocm_window_is_one_key_short,
         (
             ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),
-            ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=self.sliding_window[0],"),
+            ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=1 + self.sliding_window[0],"),
             ("vllm/v1/attention/backends/rocm_attn.py", "window_size=self.sliding_window,"),
         ),
     ),
     Finding(
         "vLLM `unified_attention` and SGLang `decode_attention_fwd`: a sequence of length 0 gives NaN",
         "limitation",
+        "vllm 0.11.0, sglang 0.5.3",
         "Both divide by a softmax sum that is 0 when a sequence has no key (vLLM's 3-D decode path, "
         "`tiles_per_segment = 0`; SGLang's stage 2, `acc / e_sum` with `e_sum = 0`); our contract defines "
         "that row as 0 (`chunked_prefill_paged_decode` gives 0). Their own callers never pass such a row: "
@@ -244,14 +290,22 @@ def _cite(relative: str, text: str) -> str:
     return f"- `{relative}`: (no line containing `{text}` in the installed file)"
 
 
-def _run(fn: Callable[[], None]) -> str:
+def _run(fn: Callable[[], bool]) -> tuple[str, bool | None]:
+    """(what the reproduction printed, whether the finding showed; None when the reproduction raised)."""
     buffer = io.StringIO()
+    shows = None
     with contextlib.redirect_stdout(buffer):
         try:
-            fn()
+            shows = bool(fn())
         except Exception:  # a reproduction that raises shows the traceback as its output
             buffer.write(traceback.format_exc(limit=3))
-    return buffer.getvalue().rstrip()
+    return buffer.getvalue().rstrip(), shows
+
+
+def _status(shows: bool | None, versions: str) -> str:
+    if shows is None:
+        return f"could not be re-checked on {versions}: the reproduction raised (its output below)"
+    return f"still reproduces on {versions}" if shows else f"fixed: does not reproduce on {versions}"
 
 
 def render(findings: tuple[Finding, ...]) -> str:
@@ -278,8 +332,29 @@ def render(findings: tuple[Finding, ...]) -> str:
         "```",
         "",
     ]
-    for number, finding in enumerate(findings, start=1):
-        out += [f"## {number}. {finding.title} ({finding.kind})", "", finding.summary, ""]
+    peers = f"vllm {version_of('vllm')}, sglang {version_of('sglang')}"
+    runs = [_run(finding.reproduce) for finding in findings]
+    tally = [
+        f"{sum(shows is True for _, shows in runs)} still reproducing",
+        f"{sum(shows is False for _, shows in runs)} fixed",
+    ]
+    if any(shows is None for _, shows in runs):
+        tally.append(f"{sum(shows is None for _, shows in runs)} could not be re-checked")
+    out += [f"Re-checked on {peers}: " + ", ".join(tally) + ".", ""]
+    out += [
+        f"- {number}. {finding.title}: {_status(shows, peers)} (found on {finding.found_on})"
+        for number, (finding, (_, shows)) in enumerate(zip(findings, runs), start=1)
+    ]
+    out.append("")
+    for number, (finding, (printed, shows)) in enumerate(zip(findings, runs), start=1):
+        out += [
+            f"## {number}. {finding.title} ({finding.kind})",
+            "",
+            f"**Status:** {_status(shows, peers)}; found on {finding.found_on}.",
+            "",
+            finding.summary,
+            "",
+        ]
         if finding.cites:
             out += ["Where:", "", *(_cite(rel, text) for rel, text in finding.cites), ""]
         out += [
@@ -290,7 +365,7 @@ def render(findings: tuple[Finding, ...]) -> str:
             "Output:",
             "",
             "```",
-            _run(finding.reproduce),
+            printed,
             "```",
             "",
         ]
