@@ -148,7 +148,7 @@ MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode vl
 # and that is its row; where it can, its gate runs like the others'
 MATRIX_CUDA_PEERS ?= flashinfer:flashinfer_paged
 # what the matrix cannot show by itself (printed under its table; judged by reading the peers' source)
-MATRIX_NOTE ?= int64 offsets: the int64 cases give the cache, its block tables or its token rows strides that fit in 32 bits but put an element past 2^31. vLLM's kernels (unified, paged decode, prefill, cache write) annotate their strides tl.int64, which Triton's CPU interpreter ignores, so their failures there may not hold when compiled (not checked on a GPU); SGLang's decode kernel has no such annotation and forms head x stride in 32 bits when compiled too, though its own buffers (head stride = head_dim) never reach that. flex's error in test_contiguous_decode_past_2_31_elements is its adapter's .view() of a strided cache.
+MATRIX_NOTE ?= int64 offsets: the int64 cases give the cache, its block tables or its token rows strides that fit in 32 bits but put an element past 2^31. vLLM's kernels (unified, paged decode, prefill, cache write) annotate their strides tl.int64, which Triton's CPU interpreter ignores, so their failures there may not hold when compiled (not checked on a GPU); SGLang's decode kernel has no such annotation and forms head x stride in 32 bits when compiled too, though its own buffers (head stride = head_dim) never reach that. flex's error in test_contiguous_decode_past_2_31_elements and sglang-decode's in test_block_offsets_past_2_31_elements are their adapters' .view() of a strided cache. FlashInfer needs CUDA: its row is what its adapter says on a machine without it.
 MATRIX_ARGS ?=
 MATRIX_NOTE ?=
 conformance-matrix: install
@@ -185,10 +185,11 @@ VLLM_VERSION ?= 0.33.0
 SGLANG_VERSION ?= 0.5.23
 FLASHINFER_VERSION ?= 0.7.4
 # What `from vllm.v1.core.kv_cache_manager import KVCacheManager` imports on its way (vllm.utils, the
-# request and usage modules), and xxhash for nano-vllm's block manager: the host-cost bench drives both.
+# request and usage modules, and since vLLM 0.33 its structured-output backends), and xxhash for
+# nano-vllm's block manager: the host-cost bench drives both.
 PEERS_HOST_COST_DEPS := cachetools cbor2 cloudpickle psutil regex setproctitle pyyaml pyzmq packaging transformers \
 	msgspec aiohttp requests blake3 pillow prometheus_client fastapi openai openai_harmony pybase64 diskcache \
-	py-cpuinfo xxhash
+	py-cpuinfo xxhash uvloop xgrammar partial_json_parser llguidance
 ## The outside implementations' venv (.peers) for the matrix and the host-cost bench.
 peers: $(PEERS_VENV)/.installed
 
