@@ -8,7 +8,10 @@ table::
 
     kv_indices = [table[s][p // block_size] * block_size + p % block_size for s, p in ...]
 
-as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A sliding window of W keys keeps the
+as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A cache whose block stride is not
+``block_size`` token rows (a strided view) is no token pool: the kernel addresses a token by one row
+stride (its ``page_size`` mode too: page stride = ``page_size`` x row stride), so such a cache is "not
+supported" here. A sliding window of W keys keeps the
 last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_buffer`` does.
 ``num_splits`` is SGLang's per-sequence ``num_kv_splits`` (default 8, its
 ``triton_attention_num_kv_splits``); the split outputs go to float32 scratch buffers
@@ -20,7 +23,7 @@ last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_bu
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, register
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -94,6 +97,12 @@ class SglangDecodeAttention(PeerImplementation):
     ):
         refuse_lse(self.name, return_lse)
         num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        for cache in (k_cache, v_cache):
+            if cache.stride(0) != block_size * cache.stride(1) or cache.stride(3) != 1:
+                raise NotSupported(
+                    f"sglang-decode reads a token pool with one row stride: a cache with strides {cache.stride()} "
+                    f"is not {num_blocks * block_size} rows of one stride"
+                )
         indptr, indices = token_indices(block_tables, host_lengths(seq_lens), block_size, sliding_window)
         splits = DEFAULT_KV_SPLITS if num_splits is None else num_splits
         num_seqs, num_heads = q.shape[:2]
