@@ -112,9 +112,9 @@ def triton_stand_in() -> dict[str, object]:
 
 
 class _NoRocmPlatform:
-    """What ``vllm.platforms.current_platform`` answers on a machine that is neither ROCm nor XPU (the
-    kernels ask for the fp8 dtype, only to bound fp8 outputs, which these adapters never request, and
-    for the device's capability, to pick tile sizes and warps)."""
+    """What ``vllm.platforms.current_platform`` answers on a machine that is not ROCm (the kernels ask
+    for the fp8 dtype, only to bound fp8 outputs, which these adapters never request, and for the
+    device's capability, to pick tile sizes and warps). Without CUDA it answers as an XPU (``is_xpu``)."""
 
     @staticmethod
     def fp8_dtype() -> torch.dtype:
@@ -150,8 +150,8 @@ class _NoRocmPlatform:
     @staticmethod
     def is_xpu() -> bool:
         # Off CUDA, the cache-write launcher would ask torch.cuda for the device's capability to pick its
-        # warps and stages; answering as an XPU takes its other branch, whose launch parameters Triton's
-        # interpreter ignores. On a CUDA machine this is False, as vLLM's is.
+        # warps and stages, and would refuse bfloat16 (SM80+ or an XPU); answering as an XPU takes its
+        # other branch, whose launch parameters Triton's interpreter ignores. With CUDA this is False.
         return not torch.cuda.is_available()
 
 
