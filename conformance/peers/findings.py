@@ -214,6 +214,9 @@ def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: di
     raise LookupError(f"no {call}(..., {keyword}=...) in {relative}")
 
 
+PAGED_DECODE_FILE = "vllm/v1/attention/ops/chunked_prefill_paged_decode.py"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One finding: a title, whether it is a bug, what it means, its reproduction (which returns whether the
@@ -232,16 +235,18 @@ FINDINGS = (
         "vLLM `chunked_prefill_paged_decode`: decode reads the unused slots of each sequence's last block",
         "bug",
         "vllm 0.11.0",
-        "`kernel_paged_attention_2d` loads K and V for every slot of a block (its loads are masked by head "
-        "dimension only) and masks the scores afterwards, so a NaN or infinity left in a slot past the "
+        "`kernel_paged_attention_2d` in vLLM 0.11.0 loaded K and V for every slot of a block (its loads were masked "
+        "by head dimension only; the lines cited below are the slot masks later releases add) and masked the "
+        "scores afterwards, so a NaN or infinity left in a slot past the "
         "sequence's length (a reused block, an uninitialised cache) turns the whole output row into NaN: "
         "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` masks these loads (`tile_mask`) "
         "and is not affected. Every decode case of the matrix whose last block is partial fails this way for "
         "`vllm-paged-decode` while it reproduces.",
         vllm_paged_decode_reads_unused_slots,
         (
-            ("vllm/v1/attention/ops/chunked_prefill_paged_decode.py", "K_load = tl.load(key_cache_ptr + k_offset,"),
-            ("vllm/v1/attention/ops/chunked_prefill_paged_decode.py", "V_load = tl.load(value_cache_ptr + v_offset,"),
+            # the slot masks of the loads: absent in 0.11.0, whose loads were masked by head dimension only
+            (PAGED_DECODE_FILE, "mask=dim_mask[:, None] & kv_load_mask[None, :],"),
+            (PAGED_DECODE_FILE, "mask=dim_mask[None, :] & kv_load_mask[:, None],"),
         ),
     ),
     Finding(
@@ -259,7 +264,6 @@ FINDINGS = (
         (
             ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),
             ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=1 + self.sliding_window[0],"),
-            ("vllm/v1/attention/backends/rocm_attn.py", "window_size=self.sliding_window,"),
         ),
     ),
     Finding(
