@@ -6,6 +6,7 @@
 * ``vllm_prefill``      -- vLLM's ``context_attention_fwd`` (the prefix-prefill kernel), registered ``vllm-prefill``;
 * ``vllm_cache_write``  -- vLLM's ``triton_reshape_and_cache_flash`` (the KV-cache write), registered
   ``vllm-cache-write``;
+* ``vllm_merge``        -- vLLM's Triton ``merge_attn_states`` (cascade's LSE merge), registered ``vllm-merge``;
 * ``sglang_decode``     -- SGLang's Triton ``decode_attention_fwd``, registered ``sglang-decode``;
 * ``flashinfer_paged``  -- FlashInfer's paged decode/prefill wrappers and ``merge_state`` (CUDA only),
   registered ``flashinfer``.

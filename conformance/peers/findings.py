@@ -26,7 +26,14 @@ from types import SimpleNamespace
 
 from pagedbench.conformance.gate import report_files
 from pagedbench.conformance.gate.environment import environment
-from pagedbench.conformance.peers import _package_dir, sglang_decode, version_of, vllm_paged_decode, vllm_unified
+from pagedbench.conformance.peers import (
+    _package_dir,
+    sglang_decode,
+    version_of,
+    vllm_merge,
+    vllm_paged_decode,
+    vllm_unified,
+)
 
 
 def attend(q, k, v, scale):
@@ -197,6 +204,27 @@ def zero_length_sequence_gives_nan():
     return vllm_nan[0] or sglang_nan[0]
 
 
+def vllm_merge_reads_an_empty_parts_output():
+    import torch
+    from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states
+
+    torch.manual_seed(0)
+    tokens, heads, d = 2, 4, 32
+    out_a, out_b = torch.randn(tokens, heads, d), torch.randn(tokens, heads, d)
+    lse_a = torch.full((heads, tokens), float("-inf"))  # part A has no key (an empty prefix or suffix)
+    lse_b = torch.randn(heads, tokens)
+
+    def merged(out_a):
+        out, lse = torch.empty_like(out_b), torch.empty(heads, tokens)
+        merge_attn_states(out, out_a, lse_a, out_b, lse_b, output_lse=lse)
+        return out
+
+    print("part A's output finite: max |merged - out_b| =", f"{(merged(out_a) - out_b).abs().max():.1e}")
+    nan = merged(torch.full_like(out_a, float("nan"))).isnan().any().item()
+    print("part A's output NaN (LSE -inf, never to be read): merged has NaN =", nan)
+    return nan
+
+
 def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: dict[str, object]) -> tuple[str, object]:
     """(source, value) of the ``keyword=`` argument of the first ``call(...)`` in an installed peer file,
     evaluated with ``self`` holding ``self_attrs``: what a backend passes to a kernel, read from its source."""
@@ -280,6 +308,20 @@ FINDINGS = (
             ("vllm/v1/attention/backends/triton_attn.py", "attn_metadata.seq_lens.fill_(1)"),
             ("sglang/srt/layers/attention/triton_backend.py", "def get_cuda_graph_seq_len_fill_value(self):"),
         ),
+    ),
+    Finding(
+        "vLLM `merge_attn_states` (Triton): a part whose LSE is -inf still has its output read",
+        "limitation",
+        "vllm 0.33.0",
+        "The merge weighs each part by `exp(lse - max_lse)`, so a part with LSE `-inf` (no key: an empty "
+        "prefix or suffix) gets weight 0, but its output is still loaded and multiplied by that 0: a NaN "
+        "there (what an attention over no key gives without special care, as `unified_attention` does for a "
+        "length-0 row, finding 3) makes the merged row NaN. Our contract never reads such a part. The kernel "
+        "does handle both parts empty (0) and FlashAttention-2's `+inf` for an empty part, and backends whose "
+        "attention writes 0 for empty rows never meet this; an engine whose attention leaves NaN there would. "
+        "Found by the matrix's merge family (`vllm-merge`: the `empty-a` and `mixed-inf` cases).",
+        vllm_merge_reads_an_empty_parts_output,
+        (("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),),
     ),
 )
 
@@ -382,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("results/conformance/findings.md"))
     args = parser.parse_args(argv)
-    for module in (vllm_unified, vllm_paged_decode, sglang_decode):
+    for module in (vllm_unified, vllm_paged_decode, vllm_merge, sglang_decode):
         module.load()  # the kernel files, so that the reproductions' import lines find them
     report_files.write_atomically(args.out, render(FINDINGS))
     print(f"wrote {args.out}")
