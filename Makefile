@@ -143,7 +143,8 @@ clean:
 ## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
 MATRIX_OURS ?= triton torch torch-batched flex
 MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode vllm-prefill:vllm_prefill \
-	vllm-cache-write:vllm_cache_write vllm-merge:vllm_merge sglang-decode:sglang_decode
+	vllm-cache-write:vllm_cache_write vllm-merge:vllm_merge \
+	sglang-decode:sglang_decode sglang-merge:sglang_merge
 # outside implementations that need CUDA: each module's missing() says why it cannot run here ("needs CUDA"),
 # and that is its row; where it can, its gate runs like the others'
 MATRIX_CUDA_PEERS ?= flashinfer:flashinfer_paged

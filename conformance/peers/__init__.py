@@ -8,6 +8,7 @@
   ``vllm-cache-write``;
 * ``vllm_merge``        -- vLLM's Triton ``merge_attn_states`` (cascade's LSE merge), registered ``vllm-merge``;
 * ``sglang_decode``     -- SGLang's Triton ``decode_attention_fwd``, registered ``sglang-decode``;
+* ``sglang_merge``      -- SGLang's Triton ``merge_state_triton``, registered ``sglang-merge``;
 * ``flashinfer_paged``  -- FlashInfer's paged decode/prefill wrappers and ``merge_state`` (CUDA only),
   registered ``flashinfer``.
 

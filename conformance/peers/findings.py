@@ -29,6 +29,7 @@ from pagedbench.conformance.gate.environment import environment
 from pagedbench.conformance.peers import (
     _package_dir,
     sglang_decode,
+    sglang_merge,
     version_of,
     vllm_merge,
     vllm_paged_decode,
@@ -204,25 +205,35 @@ def zero_length_sequence_gives_nan():
     return vllm_nan[0] or sglang_nan[0]
 
 
-def vllm_merge_reads_an_empty_parts_output():
+def merges_read_an_empty_parts_output():
     import torch
+    from sglang.kernels.ops.attention.merge_state import merge_state_triton
     from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states
 
     torch.manual_seed(0)
     tokens, heads, d = 2, 4, 32
     out_a, out_b = torch.randn(tokens, heads, d), torch.randn(tokens, heads, d)
-    lse_a = torch.full((heads, tokens), float("-inf"))  # part A has no key (an empty prefix or suffix)
-    lse_b = torch.randn(heads, tokens)
+    empty = torch.full((tokens, heads), float("-inf"))  # a part with no key (an empty prefix or suffix)
+    lse_b = torch.randn(tokens, heads)
 
-    def merged(out_a):
+    def vllm(out_a, lse_a, lse_b):  # vLLM's LSEs are [heads, tokens]: ours go in transposed
         out, lse = torch.empty_like(out_b), torch.empty(heads, tokens)
-        merge_attn_states(out, out_a, lse_a, out_b, lse_b, output_lse=lse)
+        merge_attn_states(out, out_a, lse_a.t(), out_b, lse_b.t(), output_lse=lse)
         return out
 
-    print("part A's output finite: max |merged - out_b| =", f"{(merged(out_a) - out_b).abs().max():.1e}")
-    nan = merged(torch.full_like(out_a, float("nan"))).isnan().any().item()
-    print("part A's output NaN (LSE -inf, never to be read): merged has NaN =", nan)
-    return nan
+    def sglang(out_a, lse_a, lse_b):
+        return merge_state_triton(out_a, lse_a, out_b, lse_b)[0]
+
+    shows = False
+    for name, merge in (("vLLM merge_attn_states", vllm), ("SGLang merge_state_triton", sglang)):
+        print(f"{name}: part A empty, its output finite: max |merged - out_b| =",
+              f"{(merge(out_a, empty, lse_b) - out_b).abs().max():.1e}")
+        nan_a = merge(torch.full_like(out_a, float("nan")), empty, lse_b).isnan().any().item()
+        print(f"{name}: part A empty, its output NaN (never to be read): merged has NaN =", nan_a)
+        nan_both = merge(out_a, empty, empty).isnan().any().item()
+        print(f"{name}: both parts empty, outputs finite: merged has NaN =", nan_both)
+        shows = shows or nan_a or nan_both
+    return shows
 
 
 def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: dict[str, object]) -> tuple[str, object]:
@@ -310,18 +321,22 @@ FINDINGS = (
         ),
     ),
     Finding(
-        "vLLM `merge_attn_states` (Triton): a part whose LSE is -inf still has its output read",
+        "vLLM `merge_attn_states` and SGLang `merge_state_triton`: an empty part's output is read",
         "limitation",
-        "vllm 0.33.0",
-        "The merge weighs each part by `exp(lse - max_lse)`, so a part with LSE `-inf` (no key: an empty "
+        "vllm 0.33.0, sglang 0.5.23",
+        "Both merges weigh each part by `exp(lse - max_lse)`, so a part with LSE `-inf` (no key: an empty "
         "prefix or suffix) gets weight 0, but its output is still loaded and multiplied by that 0: a NaN "
         "there (what an attention over no key gives without special care, as `unified_attention` does for a "
-        "length-0 row, finding 3) makes the merged row NaN. Our contract never reads such a part. The kernel "
-        "does handle both parts empty (0) and FlashAttention-2's `+inf` for an empty part, and backends whose "
-        "attention writes 0 for empty rows never meet this; an engine whose attention leaves NaN there would. "
-        "Found by the matrix's merge family (`vllm-merge`: the `empty-a` and `mixed-inf` cases).",
-        vllm_merge_reads_an_empty_parts_output,
-        (("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),),
+        "length-0 row, finding 3) makes the merged row NaN. Our contract never reads such a part. vLLM's "
+        "kernel gives 0 when both parts are empty; SGLang's gives NaN then even from finite outputs "
+        "(`0 / 0` in its scales). Backends whose attention writes 0 for empty rows and never merges two "
+        "empty parts never meet this. Found by the matrix's merge family (`vllm-merge`, `sglang-merge`: "
+        "the `empty-a`, `empty-both` and `mixed-inf` cases).",
+        merges_read_an_empty_parts_output,
+        (
+            ("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),
+            ("sglang/kernels/ops/attention/merge_state.py", "out = p_out * p_scale + s_out * s_scale"),
+        ),
     ),
 )
 
@@ -424,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("results/conformance/findings.md"))
     args = parser.parse_args(argv)
-    for module in (vllm_unified, vllm_paged_decode, vllm_merge, sglang_decode):
+    for module in (vllm_unified, vllm_paged_decode, vllm_merge, sglang_decode, sglang_merge):
         module.load()  # the kernel files, so that the reproductions' import lines find them
     report_files.write_atomically(args.out, render(FINDINGS))
     print(f"wrote {args.out}")

@@ -1,7 +1,7 @@
-"""vLLM's prefix-prefill, cache-write and merge adapters in the peers venv (``make peers``): a tiny prefill
-over a cached context against the float64 oracle, a cache write through a shuffled slot mapping with a
-padding slot, against the slots it must and must not touch, and a merge of two finite parts against the
-float64 merge; each records vLLM's version.
+"""vLLM's prefix-prefill, cache-write and merge adapters and SGLang's merge adapter in the peers venv
+(``make peers``): a tiny prefill over a cached context against the float64 oracle, a cache write through a
+shuffled slot mapping with a padding slot, against the slots it must and must not touch, and merges of two
+finite parts against the float64 merge; each records its peer's version.
 
 Skipped where that venv is absent or lacks pagedbench, like ``test_peer_adapters``.
 """
@@ -22,7 +22,7 @@ from pagedbench.conformance import registry
 from pagedbench.conformance.gate import builders
 from pagedbench.conformance.gate.cases import AttentionCase
 import pagedbench.conformance.peers.vllm_prefill, pagedbench.conformance.peers.vllm_cache_write
-import pagedbench.conformance.peers.vllm_merge
+import pagedbench.conformance.peers.vllm_merge, pagedbench.conformance.peers.sglang_merge
 report = {}
 
 prefill = registry.get("vllm-prefill")
@@ -46,20 +46,21 @@ report["write"] = {
     "untouched_nan": int(flat_k.isnan().all(-1).all(-1).sum()),
     "describe": write.describe(),
 }
-merge = registry.get("vllm-merge")
 out_a, out_b = (torch.randn(3, 4, 32, generator=gen) for _ in range(2))
 lse_a, lse_b = (torch.randn(3, 4, generator=gen) * 3 for _ in range(2))
-out, lse = merge.merge_attn_states(out_a, lse_a, out_b, lse_b)
 want = torch.logaddexp(lse_a.double(), lse_b.double())
 want_out = (lse_a.double() - want).exp()[..., None] * out_a + (lse_b.double() - want).exp()[..., None] * out_b
-report["merge"] = {"out_err": float((out.double() - want_out).abs().max()),
-                   "lse_err": float((lse.double() - want).abs().max()), "describe": merge.describe()}
+for name in ("vllm-merge", "sglang-merge"):
+    merge = registry.get(name)
+    out, lse = merge.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    report[name] = {"out_err": float((out.double() - want_out).abs().max()),
+                    "lse_err": float((lse.double() - want).abs().max()), "describe": merge.describe()}
 report["our_kernels"] = [m for m in sys.modules if m.startswith("pagedbench.kernels")]
 print(json.dumps(report))
 """
 
 
-def test_vllm_prefill_cache_write_and_merge_adapters_in_the_peers_venv():
+def test_prefill_cache_write_and_merge_adapters_in_the_peers_venv():
     python = _peers_python()
     run = subprocess.run(
         [str(python), "-c", SCRIPT],
@@ -75,6 +76,7 @@ def test_vllm_prefill_cache_write_and_merge_adapters_in_the_peers_venv():
     assert report["prefill"]["max_abs_err"] < 1e-2, report["prefill"]
     assert report["write"]["written_right"], report["write"]
     assert report["write"]["untouched_nan"] == 64 - 4  # the 4 written slots, and none for the padding token
-    assert report["merge"]["out_err"] < 1e-5 and report["merge"]["lse_err"] < 1e-5, report["merge"]
-    for part in ("prefill", "write", "merge"):
-        assert report[part]["describe"]["peer"]["vllm"], report[part]
+    for part in ("vllm-merge", "sglang-merge"):
+        assert report[part]["out_err"] < 1e-5 and report[part]["lse_err"] < 1e-5, report[part]
+    for part in ("prefill", "write", "vllm-merge", "sglang-merge"):
+        assert all(report[part]["describe"]["peer"].values()), report[part]
