@@ -142,25 +142,38 @@ clean:
 ## A gate that cannot start leaves no stale file behind: its row says "no result".
 ## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
 MATRIX_OURS ?= triton torch torch-batched flex
-MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode sglang-decode:sglang_decode
+MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode vllm-prefill:vllm_prefill \
+	vllm-cache-write:vllm_cache_write vllm-merge:vllm_merge \
+	sglang-decode:sglang_decode sglang-merge:sglang_merge
+# outside implementations that need CUDA: each module's missing() says why it cannot run here ("needs CUDA"),
+# and that is its row; where it can, its gate runs like the others'
+MATRIX_CUDA_PEERS ?= flashinfer:flashinfer_paged
 # what the matrix cannot show by itself (printed under its table; judged by reading the peers' source)
-MATRIX_NOTE ?= int64 offsets: test_kv_heads_past_2_31_elements gives the cache a KV-head stride that fits in 32 bits but puts the third head past 2^31 elements. vLLM's kernels annotate that stride tl.int64, which Triton's CPU interpreter ignores, so their failures there may not hold when compiled (not checked on a GPU); SGLang's decode kernel has no such annotation and forms head x stride in 32 bits when compiled too, though its own buffers (head stride = head_dim) never reach that. flex's error in test_contiguous_decode_past_2_31_elements is its adapter's .view() of a strided cache.
+MATRIX_NOTE ?= int64 offsets: the int64 cases give the cache, its block tables or its token rows strides that fit in 32 bits but put an element past 2^31. vLLM's kernels (unified, paged decode, prefill, cache write) annotate their strides tl.int64, which Triton's CPU interpreter ignores, so their failures there may not hold when compiled (not checked on a GPU); SGLang's decode kernel has no such annotation and forms head x stride in 32 bits when compiled too, though its own buffers (head stride = head_dim) never reach that. SGLang's output rows (test_decode_output_rows_past_2_31_elements) are addressed the same way. flex's error in test_contiguous_decode_past_2_31_elements is its adapter's .view() of a strided cache; sglang-decode reports a cache that is not one token pool (a block stride other than block_size rows) as not supported, since its kernel addresses tokens by one row stride. FlashInfer needs CUDA: its row is what its adapter says on a machine without it.
 MATRIX_ARGS ?=
 MATRIX_NOTE ?=
 conformance-matrix: install
 	for impl in $(MATRIX_OURS); do rm -f results/conformance/$$impl.json; OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance --impl $$impl --out results/conformance $(MATRIX_ARGS) || true; done
 	if [ -x $(PEERS_VENV)/bin/python ]; then \
-	  for peer in $(MATRIX_PEERS); do \
+	  rows=(); cuda_peers=(); \
+	  for peer in $(MATRIX_CUDA_PEERS); do \
+	    why=$$($(PEERS_VENV)/bin/python -c "from pagedbench.conformance.peers.$${peer##*:} import missing; print(missing() or '')"); \
+	    if [ -n "$$why" ]; then rm -f results/conformance/$${peer%%:*}.json; rows+=(--not-supported "$${peer%%:*}=$$why"); \
+	    else rows+=(--impl $${peer%%:*}); cuda_peers+=($$peer); fi; \
+	  done; \
+	  for peer in $(MATRIX_PEERS) "$${cuda_peers[@]}"; do \
 	    rm -f results/conformance/$${peer%%:*}.json; \
 	    OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PEERS_VENV)/bin/python -m pagedbench.conformance --impl $${peer%%:*} \
 	      --load pagedbench.conformance.peers.$${peer##*:} --out results/conformance $(MATRIX_ARGS) || true; \
 	  done; \
 	  $(PEERS_VENV)/bin/python -m pagedbench.conformance.peers.findings --out results/conformance/findings.md; \
 	  $(PY) -m pagedbench.conformance.gate.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
-	    $(foreach p,$(MATRIX_PEERS),--impl $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
+	    $(foreach p,$(MATRIX_PEERS),--impl $(firstword $(subst :, ,$(p)))) "$${rows[@]}" \
+	    $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
 	else \
 	  $(PY) -m pagedbench.conformance.gate.matrix $(foreach i,$(MATRIX_OURS),--impl $(i)) \
-	    $(foreach p,$(MATRIX_PEERS),--not-installed $(firstword $(subst :, ,$(p)))) $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
+	    $(foreach p,$(MATRIX_PEERS) $(MATRIX_CUDA_PEERS),--not-installed $(firstword $(subst :, ,$(p)))) \
+	    $(if $(MATRIX_NOTE),--note "$(MATRIX_NOTE)"); \
 	fi
 
 ## Outside implementations for the conformance matrix and the host-cost bench. Their wheels pin other
@@ -169,13 +182,15 @@ conformance-matrix: install
 ## subprocess. pagedbench goes in too (--no-deps, editable, with the gate's pytest plugins), so the gate and
 ## its workers run on that venv's interpreter: `.peers/bin/python -m pagedbench.conformance --impl ...`.
 PEERS_VENV ?= .peers
-VLLM_VERSION ?= 0.11.0
-SGLANG_VERSION ?= 0.5.3
+VLLM_VERSION ?= 0.33.0
+SGLANG_VERSION ?= 0.5.23
+FLASHINFER_VERSION ?= 0.7.4
 # What `from vllm.v1.core.kv_cache_manager import KVCacheManager` imports on its way (vllm.utils, the
-# request and usage modules), and xxhash for nano-vllm's block manager: the host-cost bench drives both.
+# request and usage modules, and since vLLM 0.33 its structured-output backends), and xxhash for
+# nano-vllm's block manager: the host-cost bench drives both.
 PEERS_HOST_COST_DEPS := cachetools cbor2 cloudpickle psutil regex setproctitle pyyaml pyzmq packaging transformers \
 	msgspec aiohttp requests blake3 pillow prometheus_client fastapi openai openai_harmony pybase64 diskcache \
-	py-cpuinfo xxhash
+	py-cpuinfo xxhash uvloop xgrammar partial_json_parser llguidance
 ## The outside implementations' venv (.peers) for the matrix and the host-cost bench.
 peers: $(PEERS_VENV)/.installed
 
@@ -185,6 +200,9 @@ $(PEERS_VENV)/.installed:
 	$(PEERS_VENV)/bin/python -m pip install -q torch==2.13.0 "triton==$$($(PY) -c 'import triton; print(triton.__version__)' 2>/dev/null || echo 3.9.0)" numpy
 	$(PEERS_VENV)/bin/python -m pip install -q $(PEERS_HOST_COST_DEPS)
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps vllm==$(VLLM_VERSION) sglang==$(SGLANG_VERSION)
+	# FlashInfer's kernels are CUDA only (compiled on first use): installed where a GPU is visible
+	if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(PEERS_VENV)/bin/python -m pip install -q flashinfer-python==$(FLASHINFER_VERSION); fi
 	$(PEERS_VENV)/bin/python -m pip install -q pytest pytest-timeout hypothesis pyyaml tabulate
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@

@@ -32,6 +32,7 @@ Measurements, each over ``len(decode_tokens)`` decode steps of every admitted se
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import sys
 import time
@@ -231,7 +232,10 @@ class VllmV1:
     def __init__(self, trace: dict) -> None:
         import torch
         from vllm import SamplingParams
-        from vllm.utils import get_hash_fn_by_name
+        try:
+            from vllm.utils.hashing import get_hash_fn_by_name
+        except ImportError:  # vLLM before 0.12 kept it in vllm.utils
+            from vllm.utils import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -245,16 +249,22 @@ class VllmV1:
         self.kv_config = KVCacheConfig(num_blocks=trace["num_blocks"], kv_cache_tensors=[],
                                        kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
         self.manager_cls, self.request_cls, self.params_cls = KVCacheManager, Request, SamplingParams
+        # vLLM 0.33 takes the scheduler's and the prefix hash's block sizes apart (both the cache's here,
+        # as Scheduler passes them for one attention group)
+        accepted = inspect.signature(KVCacheManager.__init__).parameters
+        self.block_size_args = {k: trace["block_size"] for k in ("scheduler_block_size", "hash_block_size")
+                                if k in accepted}
         self.measurements = ("kv",)
 
     def kv(self) -> float:
         t = self.t
-        kvm = self.manager_cls(self.kv_config, max_model_len=1 << 20, enable_caching=t["prefix_caching"])
+        kvm = self.manager_cls(self.kv_config, max_model_len=1 << 20, enable_caching=t["prefix_caching"],
+                               **self.block_size_args)
         params = self.params_cls(max_tokens=len(t["decode_tokens"]) + 2, ignore_eos=True)
         requests = []
         for i, p in enumerate(t["prompts"]):  # admission as Scheduler.schedule does it for a new request
             req = self.request_cls(str(i), list(p), params, None, None, block_hasher=self.hasher)
-            computed, num_computed = kvm.get_computed_blocks(req)
+            computed, num_computed = kvm.get_computed_blocks(req)[:2]  # vLLM 0.33 adds a third item
             if kvm.allocate_slots(req, len(p) - num_computed, num_computed, computed) is None:
                 raise RuntimeError("the pool is sized too small")
             req.num_computed_tokens = len(p)

@@ -81,3 +81,23 @@ def test_engine_verdict_takes_the_median_of_each_rounds_ratio():
     # the best rounds (4.0 and 1.0) came at different moments: their ratio, 4x, is not what any round saw
     v = host_cost_peers.engine_verdict(4.0, 1.0, 5.0, per_round=([4.0, 12.0, 12.0], [2.0, 2.0, 1.0]))
     assert v["ratio"] == 6.0 and v["verdict"] == "not met"
+
+
+def test_vllm_v1_block_manager_runs_in_the_peers_venv():
+    """The installed vLLM's KVCacheManager is driven as the worker drives it (skipped without ``make peers``)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    python = root / ".peers" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no peers venv (make peers)")
+    trace = {"prompts": [[1, 2, 3, 4] * 5, [1, 2, 3, 4] * 5], "decode_tokens": [[7, 8]] * 4, "block_size": 16,
+             "num_blocks": 32, "prefix_caching": True, "nano_vllm_path": None}
+    run = subprocess.run([str(python), str(root / "bench" / "host_cost_worker.py"), "vllm-v1"],
+                         input=json.dumps(trace) + "\nround\nquit\n", capture_output=True, text=True, timeout=300,
+                         env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    answers = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert answers and answers[0] == {"ready": True, "measurements": ["kv"]}, run.stdout + run.stderr[-2000:]
+    assert answers[1]["seconds"]["kv"] > 0

@@ -1,8 +1,8 @@
 """The conformance matrix: implementation x property, built from the gate's JSON files (``make conformance-matrix``).
 
 ``python -m pagedbench.conformance.gate.matrix --dir results/conformance --impl triton --impl vllm-unified ...
-[--not-installed NAME] [--note TEXT]`` reads ``DIR/NAME.json`` for each ``--impl`` and writes, atomically,
-``DIR/matrix.md`` and ``DIR/matrix.json``.
+[--not-installed NAME] [--not-supported NAME=REASON] [--note TEXT]`` reads ``DIR/NAME.json`` for each ``--impl``
+and writes, atomically, ``DIR/matrix.md`` and ``DIR/matrix.json``.
 
 A property is a family of the suite: its module (``test_decode.py`` -> ``decode``). Each case of a gate
 run is classified once (:func:`classify`):
@@ -42,8 +42,25 @@ PROPERTY_OF_MODULE = {
     "test_block_manager_stateful.py": "block manager",
     "test_copy_on_write_data.py": "block manager",
     "test_kernel_validation.py": "validation",
+    "test_merge_states.py": "merge / cascade",
+    "test_long_context.py": "large blocks, long context",
+    "test_gqa_groups.py": "GQA 12/16",
+    "test_fp8_kv.py": "fp8 KV",
+    "test_engine_metadata.py": "engine metadata",
 }
-PROPERTIES = ("decode", "prefill", "cache ops", "int64 offsets", "metamorphic", "block manager")
+PROPERTIES = (
+    "decode",
+    "prefill",
+    "cache ops",
+    "int64 offsets",
+    "metamorphic",
+    "block manager",
+    "merge / cascade",
+    "large blocks, long context",
+    "GQA 12/16",
+    "fp8 KV",
+    "engine metadata",
+)
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")
 REASON_CHARS = 180
@@ -156,7 +173,15 @@ def summarize_implementation(name: str, summary: dict, junit_path: Path) -> dict
     }
 
 
-def build(directory: Path, impls: list[str], not_installed: list[str], note: str | None = None) -> dict:
+def build(
+    directory: Path,
+    impls: list[str],
+    not_installed: list[str],
+    note: str | None = None,
+    not_supported: dict[str, str] | None = None,
+) -> dict:
+    """The matrix record: a row per ``impls`` name from its JSON, then one per ``not_installed`` name and
+    one per ``not_supported`` name (name -> why it cannot run on this machine, e.g. "needs CUDA")."""
     rows = []
     for name in impls:
         path = directory / f"{name}.json"
@@ -168,6 +193,9 @@ def build(directory: Path, impls: list[str], not_installed: list[str], note: str
         {"name": name, "status": "not installed", "reason": "the peers venv (`make peers`) is absent"}
         for name in not_installed
     ]
+    rows += [
+        {"name": name, "status": "not supported", "reason": reason} for name, reason in (not_supported or {}).items()
+    ]
     return {
         "schema_version": MATRIX_SCHEMA_VERSION,
         "environment": host_environment(),
@@ -176,6 +204,13 @@ def build(directory: Path, impls: list[str], not_installed: list[str], note: str
         "classes": list(CLASSES),
         "implementations": rows,
     }
+
+
+def _name_and_reason(text: str) -> tuple[str, str]:
+    name, sep, reason = text.partition("=")
+    if not (sep and name and reason):
+        raise argparse.ArgumentTypeError(f"expected NAME=REASON, got {text!r}")
+    return name, reason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,9 +232,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="an implementation that could not run here (a row saying so)",
     )
+    parser.add_argument(
+        "--not-supported",
+        action="append",
+        default=[],
+        type=_name_and_reason,
+        metavar="NAME=REASON",
+        help="an implementation that cannot run on this machine, and why (a row: 'not supported: REASON')",
+    )
     parser.add_argument("--note", help="a line for the top of matrix.md (e.g. the case selection used)")
     args = parser.parse_args(argv)
-    matrix = build(args.dir, args.impl, args.not_installed, args.note)
+    matrix = build(args.dir, args.impl, args.not_installed, args.note, dict(args.not_supported))
     report_files.write_json(args.dir / "matrix.json", matrix)
     report_files.write_atomically(args.dir / "matrix.md", render(matrix))
     print(f"wrote {args.dir / 'matrix.md'} and {args.dir / 'matrix.json'}")

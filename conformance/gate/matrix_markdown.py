@@ -35,13 +35,19 @@ def _version(row: dict) -> str:
     return f"pagedbench {row.get('versions', {}).get('pagedbench') or '?'}"
 
 
+def _status(row: dict) -> str:
+    """The cell of a row that did not run: "not installed", "no result", "not supported: needs CUDA"."""
+    return f"{row['status']}: {row['reason']}" if row["status"] == "not supported" else row["status"]
+
+
 def _table(matrix: dict) -> str:
     props = matrix["properties"]
     headers = ["implementation", "version", *props, "validation", "bf16 (interp.)"]
     rows = []
     for row in matrix["implementations"]:
         if row["status"] != "ran":
-            rows.append([row["name"], "-", *([row["status"]] * len(props)), row["status"], "-"])
+            status = _status(row)
+            rows.append([row["name"], "-", *([status] * len(props)), status, "-"])
             continue
         counts = row["counts"]
         bf16 = sum(c["bf16 (interpreter)"] for c in counts.values())

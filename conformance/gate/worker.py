@@ -11,6 +11,9 @@ lines, each flushed as soon as it is known, so whatever this process manages to 
     {"event": "case", "nodeid": ..., "entry": {...}}      (per failing phase, and per call)
     {"event": "finished", "exitstatus": 0}
 
+An *environment error* is a device this machine lacks, or an implementation whose constructor raises
+``NotSupported`` (an outside kernel saying "needs CUDA"): the implementation may be fine elsewhere.
+
 ``--only FILE`` (a JSON list of nodeids) keeps just those cases: the gate resumes a module after a crash
 with the cases not yet reported. Nothing here imports kernels: the implementation does, if it wants them.
 """
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(json.loads(args.only.read_text())) if args.only else None
     reporter = Reporter(args.report, only)
     from pagedbench.conformance import registry
+    from pagedbench.conformance.adapter import NotSupported
 
     for module in args.load:
         try:
@@ -133,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     try:
         impl = registry.get(args.impl)
+    except NotSupported as e:  # an outside implementation that says it cannot run on this machine
+        reporter.event({"event": "environment_error", "message": f"{args.impl!r}: not supported: {e}"})
+        return PREFLIGHT_STATUS
     except Exception as e:
         reporter.event({"event": "preflight_error",
                         "message": f"cannot construct {args.impl!r}: {type(e).__name__}: {e}"})

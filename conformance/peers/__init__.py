@@ -3,7 +3,14 @@
 * ``vllm_unified``      -- vLLM's ``unified_attention`` (Triton; decode and prefill), registered ``vllm-unified``;
 * ``vllm_paged_decode`` -- vLLM's ``chunked_prefill_paged_decode`` decode path (``kernel_paged_attention_2d``),
   registered ``vllm-paged-decode``;
-* ``sglang_decode``     -- SGLang's Triton ``decode_attention_fwd``, registered ``sglang-decode``.
+* ``vllm_prefill``      -- vLLM's ``context_attention_fwd`` (the prefix-prefill kernel), registered ``vllm-prefill``;
+* ``vllm_cache_write``  -- vLLM's ``triton_reshape_and_cache_flash`` (the KV-cache write), registered
+  ``vllm-cache-write``;
+* ``vllm_merge``        -- vLLM's Triton ``merge_attn_states`` (cascade's LSE merge), registered ``vllm-merge``;
+* ``sglang_decode``     -- SGLang's Triton ``decode_attention_fwd``, registered ``sglang-decode``;
+* ``sglang_merge``      -- SGLang's Triton ``merge_state_triton``, registered ``sglang-merge``;
+* ``flashinfer_paged``  -- FlashInfer's paged decode/prefill wrappers and ``merge_state`` (CUDA only),
+  registered ``flashinfer``.
 
 Their wheels pin torch versions other than ours, so they live in a venv of their own (``make peers``,
 installed with ``--no-deps`` against our torch) and the gate runs there: ``.peers/bin/python -m
@@ -22,6 +29,7 @@ each adapter records whether it did (``describe()``), so its results say so.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import importlib.util
 import logging
@@ -107,7 +115,8 @@ def triton_stand_in() -> dict[str, object]:
 
 class _NoRocmPlatform:
     """What ``vllm.platforms.current_platform`` answers on a machine that is not ROCm (the kernels ask
-    for the fp8 dtype, only to bound fp8 outputs, which these adapters never request)."""
+    for the fp8 dtype, only to bound fp8 outputs, which these adapters never request, and for the
+    device's capability, to pick tile sizes and warps). Without CUDA it answers as an XPU (``is_xpu``)."""
 
     @staticmethod
     def fp8_dtype() -> torch.dtype:
@@ -132,12 +141,73 @@ class _NoRocmPlatform:
     def get_device_capability():
         return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 
+    @staticmethod
+    def is_device_capability(capability) -> bool:
+        return torch.cuda.is_available() and tuple(torch.cuda.get_device_capability()) == tuple(capability)
+
+    @staticmethod
+    def is_device_capability_family(major_times_ten: int) -> bool:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] * 10 == major_times_ten
+
+    @staticmethod
+    def is_xpu() -> bool:
+        # Off CUDA, the cache-write launcher would ask torch.cuda for the device's capability to pick its
+        # warps and stages, and would refuse bfloat16 (SM80+ or an XPU); answering as an XPU takes its
+        # other branch, whose launch parameters Triton's interpreter ignores. With CUDA this is False.
+        return not torch.cuda.is_available()
+
+
+class _OnceLogger(logging.LoggerAdapter):
+    """``vllm.logger.init_logger``'s logger: ``debug_once`` / ``info_once`` / ``warning_once`` log each
+    message once, as vLLM's do."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.getLogger(name), {})
+        self._said: set[tuple[str, str]] = set()
+
+    def _once(self, level: str, msg: str, *args, **kwargs) -> None:
+        kwargs.pop("scope", None)
+        if (level, msg) not in self._said:
+            self._said.add((level, msg))
+            getattr(self, level)(msg, *args, **kwargs)
+
+    def debug_once(self, msg, *args, **kwargs):
+        self._once("debug", msg, *args, **kwargs)
+
+    def info_once(self, msg, *args, **kwargs):
+        self._once("info", msg, *args, **kwargs)
+
+    def warning_once(self, msg, *args, **kwargs):
+        self._once("warning", msg, *args, **kwargs)
+
+
+class KVQuantMode(enum.IntEnum):
+    """``vllm.v1.kv_cache_interface.KVQuantMode``'s first members, with its values (the kernels compare
+    against them; that module itself imports half of vLLM's configuration)."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+
+
+def _is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    """As vLLM's: every ``kv_cache_dtype`` but the unquantized ones is quantized."""
+    return kv_cache_dtype not in ("auto", "float16", "bfloat16", "float32", "half", "float")
+
 
 def vllm_stand_ins() -> dict[str, dict[str, object]]:
     """The modules vLLM's attention kernel files import, as they behave off ROCm."""
     return {
-        "vllm.logger": {"init_logger": logging.getLogger},
+        "vllm.logger": {"init_logger": _OnceLogger},
+        "vllm.envs": {"VLLM_BATCH_INVARIANT": False},  # vLLM's default: batch invariance off
         "vllm.platforms": {"current_platform": _NoRocmPlatform()},
+        "vllm.v1.kv_cache_interface": {"KVQuantMode": KVQuantMode, "is_quantized_kv_cache": _is_quantized_kv_cache},
+        "vllm.model_executor.layers.quantization.utils.quant_utils": {
+            "FP8_DTYPE": torch.float8_e4m3fn,
+            "get_fp8_min_max": lambda: (-448.0, 448.0),  # e4m3fn's range, as off ROCm
+        },
         # chunked_prefill_paged_decode asks whether to use ROCm's custom kernel: never, off ROCm
         "vllm.platforms.rocm": {"use_rocm_custom_paged_attention": lambda *args, **kwargs: False},
         "vllm.triton_utils": triton_stand_in(),

@@ -5,12 +5,15 @@
 few hand-made tensors, with the import lines a full vLLM / SGLang install would use (here the kernel files
 are loaded first by ``conformance.peers.load_kernel_module``, so those lines find them). The file shows
 each function's source and what it printed on this machine, beside the peer source lines it points at
-(read from the installed files), so nothing in it is written by hand.
+(read from the installed files), and whether each finding still reproduces there (each reproduction
+returns it), so nothing in it is written by hand: re-run on new peer versions, it says which findings
+were fixed and which still stand.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import inspect
 import io
@@ -19,10 +22,19 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from pagedbench.conformance.gate import report_files
 from pagedbench.conformance.gate.environment import environment
-from pagedbench.conformance.peers import _package_dir, sglang_decode, version_of, vllm_paged_decode, vllm_unified
+from pagedbench.conformance.peers import (
+    _package_dir,
+    sglang_decode,
+    sglang_merge,
+    version_of,
+    vllm_merge,
+    vllm_paged_decode,
+    vllm_unified,
+)
 
 
 def attend(q, k, v, scale):
@@ -40,7 +52,7 @@ def attend(q, k, v, scale):
 
 def vllm_paged_decode_reads_unused_slots():
     import torch
-    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+    from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size, seq_len = 4, 2, 64, 16, 3
@@ -74,12 +86,14 @@ def vllm_paged_decode_reads_unused_slots():
     want = attend(q[0], k[0, :seq_len], v[0, :seq_len], scale)
     print("finite values in slots 3..15: max |error| =", f"{(run(k, v)[0].double() - want).abs().max().item():.1e}")
     k[0, seq_len:], v[0, seq_len:] = float("nan"), float("nan")  # slots past the sequence's 3 tokens
-    print("NaN in slots 3..15 (never part of the sequence): output has NaN =", run(k, v).isnan().any().item())
+    poisoned = run(k, v).isnan().any().item()
+    print("NaN in slots 3..15 (never part of the sequence): output has NaN =", poisoned)
+    return poisoned
 
 
 def vllm_rocm_window_is_one_key_short():
     import torch
-    from vllm.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
+    from vllm.v1.attention.ops.chunked_prefill_paged_decode import chunked_prefill_paged_decode
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size, seq_len, window = 4, 2, 64, 16, 12, 5
@@ -116,12 +130,19 @@ def vllm_rocm_window_is_one_key_short():
             print(
                 f"sliding_window={arg}: max |error| against the last {keys} keys = {(run(arg) - ref).abs().max():.1e}"
             )
+    # what RocmAttentionImpl passes for a model window of `window` keys, read from the installed backend
+    passed = backend_keyword_value(
+        "vllm/v1/attention/backends/rocm_attn.py", "chunked_prefill_paged_decode", "sliding_window",
+        self_attrs={"sliding_window": (window - 1, 0)},
+    )  # fmt: skip
+    print(f"RocmAttentionImpl passes sliding_window={passed[0]} = {passed[1]} for a window of {window} keys")
+    return passed[1] != window
 
 
 def zero_length_sequence_gives_nan():
     import torch
-    from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
-    from vllm.attention.ops.triton_unified_attention import unified_attention
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     torch.manual_seed(0)
     heads, kv_heads, d, block_size = 4, 2, 64, 16
@@ -150,8 +171,14 @@ def zero_length_sequence_gives_nan():
         q_descale=None,
         k_descale=descale,
         v_descale=descale,
+        seq_threshold_3D=128 // kv_heads,  # TritonAttentionBackend's: batches this small take the 3-D path
+        num_par_softmax_segments=16,
+        softmax_segm_output=torch.empty(2, heads, 16, d),
+        softmax_segm_max=torch.empty(2, heads, 16),
+        softmax_segm_expsum=torch.empty(2, heads, 16),
     )
-    print("vLLM unified_attention, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+    vllm_nan = out.isnan().flatten(1).any(1).tolist()
+    print("vLLM unified_attention, rows with NaN:", vllm_nan)
 
     out, splits = torch.empty_like(q), 8
     decode_attention_fwd(
@@ -166,22 +193,79 @@ def zero_length_sequence_gives_nan():
         num_kv_splits=torch.full((2,), splits, dtype=torch.int32),
         max_kv_splits=splits,
         sm_scale=scale,
+        k_scale=1.0,
+        v_scale=1.0,
     )
-    print("SGLang decode_attention_fwd, rows with NaN:", out.isnan().flatten(1).any(1).tolist())
+    sglang_nan = out.isnan().flatten(1).any(1).tolist()
+    print("SGLang decode_attention_fwd, rows with NaN:", sglang_nan)
     print(
         "the non-empty row is right (max |error|):",
         f"{(out[1].double() - attend(q[1], k[1, :5], v[1, :5], scale)).abs().max():.1e}",
     )
+    return vllm_nan[0] or sglang_nan[0]
+
+
+def merges_read_an_empty_parts_output():
+    import torch
+    from sglang.kernels.ops.attention.merge_state import merge_state_triton
+    from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states
+
+    torch.manual_seed(0)
+    tokens, heads, d = 2, 4, 32
+    out_a, out_b = torch.randn(tokens, heads, d), torch.randn(tokens, heads, d)
+    empty = torch.full((tokens, heads), float("-inf"))  # a part with no key (an empty prefix or suffix)
+    lse_b = torch.randn(tokens, heads)
+
+    def vllm(out_a, lse_a, lse_b):  # vLLM's LSEs are [heads, tokens]: ours go in transposed
+        out, lse = torch.empty_like(out_b), torch.empty(heads, tokens)
+        merge_attn_states(out, out_a, lse_a.t(), out_b, lse_b.t(), output_lse=lse)
+        return out
+
+    def sglang(out_a, lse_a, lse_b):
+        return merge_state_triton(out_a, lse_a, out_b, lse_b)[0]
+
+    shows = False
+    for name, merge in (("vLLM merge_attn_states", vllm), ("SGLang merge_state_triton", sglang)):
+        print(f"{name}: part A empty, its output finite: max |merged - out_b| =",
+              f"{(merge(out_a, empty, lse_b) - out_b).abs().max():.1e}")
+        nan_a = merge(torch.full_like(out_a, float("nan")), empty, lse_b).isnan().any().item()
+        print(f"{name}: part A empty, its output NaN (never to be read): merged has NaN =", nan_a)
+        nan_both = merge(out_a, empty, empty).isnan().any().item()
+        print(f"{name}: both parts empty, outputs finite: merged has NaN =", nan_both)
+        shows = shows or nan_a or nan_both
+    return shows
+
+
+def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: dict[str, object]) -> tuple[str, object]:
+    """(source, value) of the ``keyword=`` argument of the first ``call(...)`` in an installed peer file,
+    evaluated with ``self`` holding ``self_attrs``: what a backend passes to a kernel, read from its source."""
+    top, _, rest = relative.partition("/")
+    tree = ast.parse((_package_dir(top) / rest).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        name = getattr(node, "func", None)
+        name = getattr(name, "id", None) or getattr(name, "attr", None)
+        if isinstance(node, ast.Call) and name == call:
+            for kw in node.keywords:
+                if kw.arg == keyword:
+                    source = ast.unparse(kw.value)
+                    expression = compile(ast.Expression(kw.value), relative, "eval")
+                    return source, eval(expression, {"self": SimpleNamespace(**self_attrs)})
+    raise LookupError(f"no {call}(..., {keyword}=...) in {relative}")
+
+
+PAGED_DECODE_FILE = "vllm/v1/attention/ops/chunked_prefill_paged_decode.py"
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One finding: a title, whether it is a bug, what it means, its reproduction and the peer lines it cites."""
+    """One finding: a title, whether it is a bug, what it means, its reproduction (which returns whether the
+    finding still shows on the installed peers) and the peer lines it cites."""
 
     title: str
     kind: str  # "bug" or "limitation"
+    found_on: str  # the peer versions the finding was first reported on
     summary: str
-    reproduce: Callable[[], None]
+    reproduce: Callable[[], bool]
     cites: tuple[tuple[str, str], ...] = ()  # (installed file relative to site-packages, text on the line)
 
 
@@ -189,37 +273,42 @@ FINDINGS = (
     Finding(
         "vLLM `chunked_prefill_paged_decode`: decode reads the unused slots of each sequence's last block",
         "bug",
-        "`kernel_paged_attention_2d` loads K and V for every slot of a block (its loads are masked by head "
-        "dimension only) and masks the scores afterwards, so a NaN or infinity left in a slot past the "
+        "vllm 0.11.0",
+        "`kernel_paged_attention_2d` in vLLM 0.11.0 loaded K and V for every slot of a block (its loads were masked "
+        "by head dimension only; the lines cited below are the slot masks later releases add) and masked the "
+        "scores afterwards, so a NaN or infinity left in a slot past the "
         "sequence's length (a reused block, an uninitialised cache) turns the whole output row into NaN: "
-        "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` in the same release masks these "
-        "loads (`tile_mask`) and is not affected. Every decode case of the matrix whose last block is partial "
-        "fails this way for `vllm-paged-decode`.",
+        "`-inf + NaN` in the scores, `0 * NaN` in P·V. `unified_attention` masks these loads (`tile_mask`) "
+        "and is not affected. Every decode case of the matrix whose last block is partial fails this way for "
+        "`vllm-paged-decode` while it reproduces.",
         vllm_paged_decode_reads_unused_slots,
         (
-            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "K_load = tl.load(key_cache_ptr + k_offset,"),
-            ("vllm/attention/ops/chunked_prefill_paged_decode.py", "V_load = tl.load(value_cache_ptr + v_offset,"),
+            # the slot masks of the loads: absent in 0.11.0, whose loads were masked by head dimension only
+            (PAGED_DECODE_FILE, "mask=dim_mask[:, None] & kv_load_mask[None, :],"),
+            (PAGED_DECODE_FILE, "mask=dim_mask[None, :] & kv_load_mask[:, None],"),
         ),
     ),
     Finding(
         "vLLM ROCm attention backend: a sliding window of W keys attends to W - 1",
         "bug",
+        "vllm 0.11.0",
         "`chunked_prefill_paged_decode(sliding_window=N)` attends to the last N keys (`context_len - pos < N`), "
-        "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent) and "
-        "passes its first element, so a model with a window of W keys sees W - 1 of them on this path, while "
-        "the unified-attention path of the same class (`window_size=(W - 1, 0)`) sees W. With "
+        "but `RocmAttentionImpl` stores `self.sliding_window = (W - 1, 0)` (FlashAttention's left extent); in "
+        "vLLM 0.11.0 it passed that first element, so a model with a window of W keys saw W - 1 of them on "
+        "this path, while the unified-attention path of the same class (`window_size=(W - 1, 0)`) saw W. With "
         "`sliding_window=W` the kernel matches the oracle, and that is what the `vllm-paged-decode` adapter "
-        "passes: the matrix judges the kernel, and this backend's off-by-one shows only here.",
+        "passes: the matrix judges the kernel, and the backend's argument is checked only here (the "
+        "reproduction reads it from the installed backend's call and evaluates it for a window of W keys).",
         vllm_rocm_window_is_one_key_short,
         (
             ("vllm/v1/attention/backends/rocm_attn.py", "self.sliding_window = (sliding_window - 1, 0)"),
-            ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=self.sliding_window[0],"),
-            ("vllm/v1/attention/backends/rocm_attn.py", "window_size=self.sliding_window,"),
+            ("vllm/v1/attention/backends/rocm_attn.py", "sliding_window=1 + self.sliding_window[0],"),
         ),
     ),
     Finding(
         "vLLM `unified_attention` and SGLang `decode_attention_fwd`: a sequence of length 0 gives NaN",
         "limitation",
+        "vllm 0.11.0, sglang 0.5.3",
         "Both divide by a softmax sum that is 0 when a sequence has no key (vLLM's 3-D decode path, "
         "`tiles_per_segment = 0`; SGLang's stage 2, `acc / e_sum` with `e_sum = 0`); our contract defines "
         "that row as 0 (`chunked_prefill_paged_decode` gives 0). Their own callers never pass such a row: "
@@ -229,6 +318,24 @@ FINDINGS = (
         (
             ("vllm/v1/attention/backends/triton_attn.py", "attn_metadata.seq_lens.fill_(1)"),
             ("sglang/srt/layers/attention/triton_backend.py", "def get_cuda_graph_seq_len_fill_value(self):"),
+        ),
+    ),
+    Finding(
+        "vLLM `merge_attn_states` and SGLang `merge_state_triton`: an empty part's output is read",
+        "limitation",
+        "vllm 0.33.0, sglang 0.5.23",
+        "Both merges weigh each part by `exp(lse - max_lse)`, so a part with LSE `-inf` (no key: an empty "
+        "prefix or suffix) gets weight 0, but its output is still loaded and multiplied by that 0: a NaN "
+        "there (what an attention over no key gives without special care, as `unified_attention` does for a "
+        "length-0 row, finding 3) makes the merged row NaN. Our contract never reads such a part. vLLM's "
+        "kernel gives 0 when both parts are empty; SGLang's gives NaN then even from finite outputs "
+        "(`0 / 0` in its scales). Backends whose attention writes 0 for empty rows and never merges two "
+        "empty parts never meet this. Found by the matrix's merge family (`vllm-merge`, `sglang-merge`: "
+        "the `empty-a`, `empty-both` and `mixed-inf` cases).",
+        merges_read_an_empty_parts_output,
+        (
+            ("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),
+            ("sglang/kernels/ops/attention/merge_state.py", "out = p_out * p_scale + s_out * s_scale"),
         ),
     ),
 )
@@ -244,14 +351,22 @@ def _cite(relative: str, text: str) -> str:
     return f"- `{relative}`: (no line containing `{text}` in the installed file)"
 
 
-def _run(fn: Callable[[], None]) -> str:
+def _run(fn: Callable[[], bool]) -> tuple[str, bool | None]:
+    """(what the reproduction printed, whether the finding showed; None when the reproduction raised)."""
     buffer = io.StringIO()
+    shows = None
     with contextlib.redirect_stdout(buffer):
         try:
-            fn()
+            shows = bool(fn())
         except Exception:  # a reproduction that raises shows the traceback as its output
             buffer.write(traceback.format_exc(limit=3))
-    return buffer.getvalue().rstrip()
+    return buffer.getvalue().rstrip(), shows
+
+
+def _status(shows: bool | None, versions: str) -> str:
+    if shows is None:
+        return f"could not be re-checked on {versions}: the reproduction raised (its output below)"
+    return f"still reproduces on {versions}" if shows else f"fixed: does not reproduce on {versions}"
 
 
 def render(findings: tuple[Finding, ...]) -> str:
@@ -278,8 +393,29 @@ def render(findings: tuple[Finding, ...]) -> str:
         "```",
         "",
     ]
-    for number, finding in enumerate(findings, start=1):
-        out += [f"## {number}. {finding.title} ({finding.kind})", "", finding.summary, ""]
+    peers = f"vllm {version_of('vllm')}, sglang {version_of('sglang')}"
+    runs = [_run(finding.reproduce) for finding in findings]
+    tally = [
+        f"{sum(shows is True for _, shows in runs)} still reproducing",
+        f"{sum(shows is False for _, shows in runs)} fixed",
+    ]
+    if any(shows is None for _, shows in runs):
+        tally.append(f"{sum(shows is None for _, shows in runs)} could not be re-checked")
+    out += [f"Re-checked on {peers}: " + ", ".join(tally) + ".", ""]
+    out += [
+        f"- {number}. {finding.title}: {_status(shows, peers)} (found on {finding.found_on})"
+        for number, (finding, (_, shows)) in enumerate(zip(findings, runs), start=1)
+    ]
+    out.append("")
+    for number, (finding, (printed, shows)) in enumerate(zip(findings, runs), start=1):
+        out += [
+            f"## {number}. {finding.title} ({finding.kind})",
+            "",
+            f"**Status:** {_status(shows, peers)}; found on {finding.found_on}.",
+            "",
+            finding.summary,
+            "",
+        ]
         if finding.cites:
             out += ["Where:", "", *(_cite(rel, text) for rel, text in finding.cites), ""]
         out += [
@@ -290,7 +426,7 @@ def render(findings: tuple[Finding, ...]) -> str:
             "Output:",
             "",
             "```",
-            _run(finding.reproduce),
+            printed,
             "```",
             "",
         ]
@@ -303,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("results/conformance/findings.md"))
     args = parser.parse_args(argv)
-    for module in (vllm_unified, vllm_paged_decode, sglang_decode):
+    for module in (vllm_unified, vllm_paged_decode, vllm_merge, sglang_decode, sglang_merge):
         module.load()  # the kernel files, so that the reproductions' import lines find them
     report_files.write_atomically(args.out, render(FINDINGS))
     print(f"wrote {args.out}")

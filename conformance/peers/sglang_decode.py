@@ -1,4 +1,4 @@
-"""SGLang's Triton decode attention (``sglang/srt/layers/attention/triton_ops/decode_attention.py``).
+"""SGLang's Triton decode attention (``sglang/kernels/ops/attention/decode_attention.py``).
 
 ``decode_attention_fwd`` reads a token-indexed KV pool, ``k_buffer[token, kv_head, :]``, through CSR
 indices: the tokens of sequence s are ``kv_indices[kv_indptr[s]:kv_indptr[s + 1]]``. Our cache is that
@@ -8,17 +8,22 @@ table::
 
     kv_indices = [table[s][p // block_size] * block_size + p % block_size for s, p in ...]
 
-as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A sliding window of W keys keeps the
+as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A cache whose block stride is not
+``block_size`` token rows (a strided view) is no token pool: the kernel addresses a token by one row
+stride (its ``page_size`` mode too: page stride = ``page_size`` x row stride), so such a cache is "not
+supported" here. A sliding window of W keys keeps the
 last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_buffer`` does.
 ``num_splits`` is SGLang's per-sequence ``num_kv_splits`` (default 8, its
 ``triton_attention_num_kv_splits``); the split outputs go to float32 scratch buffers
-``[num_seqs, num_heads, splits, head_dim]`` as in the backend. No LSE is returned.
+``[num_seqs, num_heads, splits, head_dim]`` as in the backend. No LSE is returned. ``k_scale`` and
+``v_scale`` are 1.0, as that backend passes them for an unquantized cache; ``page_size`` is left at 1
+(the indices are token slots, as above).
 """
 
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, register
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -27,13 +32,27 @@ from pagedbench.conformance.peers import (
     refuse_lse,
 )
 
-KERNEL_MODULE = "sglang.srt.layers.attention.triton_ops.decode_attention"
+KERNEL_MODULE = "sglang.kernels.ops.attention.decode_attention"
 DEFAULT_KV_SPLITS = 8
 
 
 def load():
-    # decode_attention.py imports only is_hip from sglang.srt.utils (whose package pulls in the server)
-    return load_kernel_module(KERNEL_MODULE, {"sglang.srt.utils": {"is_hip": lambda: False}})
+    # decode_attention.py asks sglang.srt.utils (whose package pulls in the server) only what GPU this is;
+    # sglang.srt.environ (its environment switches) imports only the standard library, so it is the real one
+    not_amd = {
+        "is_hip": lambda: False,
+        "is_gfx95_supported": lambda: False,
+        "is_gfx1250_supported": lambda: False,
+        "get_device_core_count": _device_core_count,
+    }
+    return load_kernel_module(KERNEL_MODULE, {"sglang.srt.utils": not_amd})
+
+
+def _device_core_count(device_index: int = 0) -> int:
+    """SGLang's ``get_device_core_count``: the GPU's multiprocessors (0 without one, as SGLang's answers)."""
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def token_indices(
@@ -53,7 +72,7 @@ def token_indices(
 
 @register("sglang-decode")
 class SglangDecodeAttention(PeerImplementation):
-    """SGLang decode_attention_fwd (Triton): sglang/srt/layers/attention/triton_ops/decode_attention.py"""
+    """SGLang decode_attention_fwd (Triton): sglang/kernels/ops/attention/decode_attention.py"""
 
     distribution = "sglang"
     capabilities = Capabilities(returns_lse=False)
@@ -78,6 +97,12 @@ class SglangDecodeAttention(PeerImplementation):
     ):
         refuse_lse(self.name, return_lse)
         num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        for cache in (k_cache, v_cache):
+            if cache.stride(0) != block_size * cache.stride(1) or cache.stride(3) != 1:
+                raise NotSupported(
+                    f"sglang-decode reads a token pool with one row stride: a cache with strides {cache.stride()} "
+                    f"is not {num_blocks * block_size} rows of one stride"
+                )
         indptr, indices = token_indices(block_tables, host_lengths(seq_lens), block_size, sliding_window)
         splits = DEFAULT_KV_SPLITS if num_splits is None else num_splits
         num_seqs, num_heads = q.shape[:2]
@@ -97,5 +122,7 @@ class SglangDecodeAttention(PeerImplementation):
             torch.full((num_seqs,), splits, dtype=torch.int32, device=dev),
             splits,
             default_scale(q, scale),
+            1.0,
+            1.0,
         )
         return out

@@ -1,4 +1,4 @@
-"""vLLM's Triton ``unified_attention`` (``vllm/attention/ops/triton_unified_attention.py``) behind the adapter.
+"""vLLM's Triton ``unified_attention`` (``vllm/v1/attention/ops/triton_unified_attention.py``) behind the adapter.
 
 It is the kernel of vLLM's ``TRITON_ATTN`` backend: one call for a batch of decode and prefill rows,
 with our cache layout exactly (``[num_blocks, block_size, num_kv_heads, head_size]``), so nothing is
@@ -6,14 +6,20 @@ copied. The arguments are those ``TritonAttentionImpl.forward`` passes::
 
     unified_attention(q, k_cache, v_cache, out, cu_seqlens_q, max_seqlen_q, seqused_k=seq_lens,
                       max_seqlen_k, softmax_scale, causal=True, window_size=(W - 1, 0) or (-1, -1),
-                      block_table, softcap=0, q_descale=None, k_descale, v_descale)
+                      block_table, softcap=0, q_descale=None, k_descale, v_descale,
+                      seq_threshold_3D=128 // num_kv_heads, num_par_softmax_segments=16,
+                      softmax_segm_output, softmax_segm_max, softmax_segm_expsum)
+
+with the split-K scratch that backend allocates (float32, a row per query token), so the kernel picks
+its 2-D or 3-D (split-K over 16 segments) launch from the batch's size as it does in vLLM: batches of
+fewer than ``128 // num_kv_heads`` decode rows take the 3-D one.
 
 Declared from the backend (``TritonAttentionBackend``): float16, bfloat16 and float32; block sizes that
 are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants head sizes of 32 and more
 (``validate_head_size``); the kernel pads any head size to a power of two and is judged on all of the
 suite's (a head-size check here would also hide how it treats the validation cases' bad arguments).
-It returns no LSE and takes no split count (decode splits every sequence into a fixed 16 segments), and
-it picks its 2-D or 3-D kernel from the batch's size, so it is not claimed bit for bit batch invariant.
+It returns no LSE and takes no split count, and since it picks its 2-D or 3-D kernel from the batch's
+size it is not claimed bit for bit batch invariant.
 Sequences of length 0 are judged as every implementation's are.
 """
 
@@ -32,7 +38,10 @@ from pagedbench.conformance.peers import (
     vllm_stand_ins,
 )
 
-KERNEL_MODULE = "vllm.attention.ops.triton_unified_attention"
+KERNEL_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
+# TritonAttentionBackend's MIN_LAUNCH_GRID_SIZE_2D and NUM_PAR_SOFTMAX_SEGMENTS
+MIN_LAUNCH_GRID_SIZE_2D = 128
+NUM_PAR_SOFTMAX_SEGMENTS = 16
 BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
 
 
@@ -42,7 +51,7 @@ def load():
 
 @register("vllm-unified")
 class VllmUnifiedAttention(PeerImplementation):
-    """vLLM unified_attention (Triton): vllm/attention/ops/triton_unified_attention.py"""
+    """vLLM unified_attention (Triton): vllm/v1/attention/ops/triton_unified_attention.py"""
 
     distribution = "vllm"
     capabilities = Capabilities(
@@ -59,6 +68,9 @@ class VllmUnifiedAttention(PeerImplementation):
         num_kv_heads = k_cache.shape[2]
         descale = torch.ones(len(lens), num_kv_heads, dtype=torch.float32, device=q.device)
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        rows, num_heads = q.shape[0], q.shape[1]
+        padded = 1 << max(q.shape[-1] - 1, 0).bit_length()
+        segments = NUM_PAR_SOFTMAX_SEGMENTS
         self._kernel(
             q,
             k_cache,
@@ -76,6 +88,11 @@ class VllmUnifiedAttention(PeerImplementation):
             None,
             descale,
             descale,
+            seq_threshold_3D=MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads,
+            num_par_softmax_segments=segments,
+            softmax_segm_output=torch.empty(rows, num_heads, segments, padded, dtype=torch.float32, device=q.device),
+            softmax_segm_max=torch.empty(rows, num_heads, segments, dtype=torch.float32, device=q.device),
+            softmax_segm_expsum=torch.empty(rows, num_heads, segments, dtype=torch.float32, device=q.device),
         )
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pagedbench.conformance.gate import matrix, report_files
 
@@ -111,3 +112,11 @@ def test_main_writes_the_markdown_and_json(tmp_path):
     assert "interp.junit.xml#L" in text and "4 non-finite values" in text
     assert json.loads((tmp_path / "matrix.json").read_text())["implementations"][1]["status"] == "not installed"
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_every_suite_module_has_a_column():
+    suite = Path(matrix.__file__).resolve().parents[1] / "suite"
+    modules = sorted(p.name for p in suite.glob("test_*.py"))
+    assert modules, suite
+    assert [m for m in modules if m not in matrix.PROPERTY_OF_MODULE] == []  # else its cases vanish into "other"
+    assert set(matrix.PROPERTY_OF_MODULE.values()) - {"validation"} == set(matrix.PROPERTIES)
