@@ -47,6 +47,8 @@ PROPERTY_OF_MODULE = {
     "test_gqa_groups.py": "GQA 12/16",
     "test_fp8_kv.py": "fp8 KV",
     "test_engine_metadata.py": "engine metadata",
+    "test_batch_invariance.py": "batch invariance (neighbours)",
+    "test_dispatch_boundaries.py": "declared dispatch switches",
 }
 PROPERTIES = (
     "decode",
@@ -60,6 +62,8 @@ PROPERTIES = (
     "GQA 12/16",
     "fp8 KV",
     "engine metadata",
+    "batch invariance (neighbours)",
+    "declared dispatch switches",
 )
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")
