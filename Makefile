@@ -141,7 +141,7 @@ clean:
 ## packages, and its Triton interpreter on a CPU); a peer whose venv is absent gets a "not installed" row.
 ## A gate that cannot start leaves no stale file behind: its row says "no result".
 ## MATRIX_ARGS narrows every gate's case selection (e.g. MATRIX_ARGS="-k 'not int64'"); matrix.md says so.
-MATRIX_OURS ?= triton torch torch-batched flex
+MATRIX_OURS ?= triton triton-batch-invariant torch torch-batched flex
 MATRIX_PEERS ?= vllm-unified:vllm_unified vllm-paged-decode:vllm_paged_decode vllm-prefill:vllm_prefill \
 	vllm-cache-write:vllm_cache_write vllm-merge:vllm_merge \
 	sglang-decode:sglang_decode sglang-merge:sglang_merge
