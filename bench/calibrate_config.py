@@ -55,6 +55,9 @@ class GridSpec:
     prefill_lens: tuple[int, ...]  # lone prompts
     burst_lens: tuple[int, ...]  # a burst of decode_batches[0] prompts cycling through these lengths
     prefill_repeats: int
+    wake_gaps_ms: tuple[int, ...]  # idle waits after which a lone prompt's first step is timed
+    wake_pairs: int  # (no wait, wait) pairs per gap
+    wake_prompt_len: int  # the lone prompt's length
 
 
 @dataclass(frozen=True, slots=True)

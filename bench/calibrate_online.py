@@ -10,7 +10,9 @@ Poisson arrivals in real time.
 2. Poisson arrivals (seeded) at a low rate and at a rate near saturation (fractions of that rate).
 3. Per rate, the real engine twice on the wall clock (:func:`serve_online`: a loop that queues each
    request once its arrival time has passed and otherwise steps, or sleeps when idle), and the serving
-   simulator once with the fitted model on the same arrivals.
+   simulator once with the fitted model on the same arrivals; the model includes the calibration's
+   measured cost of waking an idle engine (:mod:`bench.costmodel.wake_cost`), charged to the first step
+   after each idle wait of the simulator's clock.
 4. TTFT, TPOT and E2E compared per request, at p50/p90/p99 and by the KS statistic
    (:mod:`bench.online_compare`), beside the two real runs' spread.
 5. The same comparison for a second model: the calibration grid measured again in this process just
@@ -41,6 +43,7 @@ from pagedbench.bench.calibrate_config import CONFIG, MODELS, EngineSpec, load_c
 from pagedbench.bench.calibrate_steps import build_engine, calibration_steps, fit, step_batch
 from pagedbench.bench.calibrate_validation import serve_simulated
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
+from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.bench.online_compare import compare_runs
 from pagedbench.bench.online_report import render_markdown
@@ -143,32 +146,46 @@ def _busy_wall_s(timings: Sequence[RequestTiming], run_wall_s: float) -> float:
 class StepLog:
     """The steps of :func:`serve_online` runs: ``steps[i]`` = (shape, seconds), ``after_idle[i]`` = step ``i``
     started an engine with nothing in flight (its run's first step, or one after a step that left no request
-    unfinished: the loop then waits for the next arrival)."""
+    unfinished: the loop then waits for the next arrival), and ``idle_gaps_s[i]`` = how long it had waited
+    (from the previous step's end, or the recorder's creation; None for a step of a busy engine)."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[StepShape, float]] = []
         self.after_idle: list[bool] = []
+        self.idle_gaps_s: list[float | None] = []
 
     def recorder(self, core: EngineCore) -> Callable[[StepReport], None]:
-        """An ``on_step`` for one run on ``core``."""
-        idle = True  # the first step starts an empty engine
+        """An ``on_step`` for one run on ``core``, made just before the run starts."""
+        idle, last_end = True, core.clock.now()  # the first step starts an empty engine
 
         def record(report: StepReport) -> None:
-            nonlocal idle
+            nonlocal idle, last_end
             self.steps.append((StepShape.of(report.output), report.end_s - report.start_s))
             self.after_idle.append(idle)
-            idle = not core.has_unfinished()
+            self.idle_gaps_s.append(report.start_s - last_end if idle else None)
+            idle, last_end = not core.has_unfinished(), report.end_s
 
         return record
 
 
 def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[StepShape], float],
-               after_idle: Sequence[bool] | None = None) -> dict:
+               after_idle: Sequence[bool] | None = None, idle_gaps_s: Sequence[float | None] | None = None) -> dict:
     """The model's relative error on the real runs' own steps (it separates a step model that is off from time
     the loop spends between steps, which the simulator does not model). ``after_idle[i]``: step ``i`` started
     an engine with nothing in flight (the loop had waited for an arrival); given, the steps with a prefill are
-    split by it too, since a step that wakes an idle engine runs on cold caches, which no step shape says."""
-    error = np.array([step_time_s(shape) / seconds - 1.0 for shape, seconds in steps])
+    split by it too, since a step that wakes an idle engine runs on cold caches, which no step shape says.
+    ``idle_gaps_s[i]``: how long that wait was (None: busy); with a ``step_time_s.wake_s`` (the simulator's
+    price of waking, :mod:`bench.costmodel.wake_cost`) each such step is predicted with it, as the simulator
+    does."""
+    wake = getattr(step_time_s, "wake_s", None)
+    if idle_gaps_s is None or wake is None:
+        idle_gaps_s = [None] * len(steps)
+    elif len(idle_gaps_s) != len(steps):
+        raise ValueError(f"expected one idle gap per step ({len(steps)}), got {len(idle_gaps_s)}")
+    predicted = np.array([step_time_s(shape) + (0.0 if gap is None else wake(gap))
+                          for (shape, _), gap in zip(steps, idle_gaps_s)])
+    measured = np.array([seconds for _, seconds in steps])
+    error = predicted / measured - 1.0
     prefill = np.array([bool(shape.prefill_chunks) for shape, _ in steps])
     kinds = [("with_prefill", prefill), ("decode_only", ~prefill)]
     if after_idle is not None:
@@ -181,7 +198,7 @@ def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[
             "median_rel_error_by_kind": by_kind, "num_steps_with_prefill": int(prefill.sum()),
             "num_steps_after_idle": None if after_idle is None else int(np.sum(after_idle)),
             "median_abs_rel_error": float(np.median(np.abs(error))),
-            "predicted_over_measured_total": sum(step_time_s(s) for s, _ in steps) / sum(t for _, t in steps)}
+            "predicted_over_measured_total": float(predicted.sum() / measured.sum())}
 
 
 def _shown(path: Path) -> str:
@@ -192,8 +209,9 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_cost(path: Path, spec: EngineSpec) -> BatchedStepCost:
-    """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine."""
+def load_cost(path: Path, spec: EngineSpec) -> tuple[BatchedStepCost, WakeCost | None]:
+    """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine, and its
+    measured cost of waking an idle engine (None in a record from before it was measured)."""
     record = json.loads(Path(path).read_text())
     if record["config"]["engine"] != asdict(spec):
         raise ValueError(f"{path} was calibrated on engine {record['config']['engine']}, expected {asdict(spec)}; "
@@ -202,14 +220,15 @@ def load_cost(path: Path, spec: EngineSpec) -> BatchedStepCost:
     missing = [t for t in BATCHED_TERMS if t not in cal["coefficients"]]
     if missing:
         raise ValueError(f"{path}: the fit lacks the batched terms {missing}")
-    return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS})
+    wake = WakeCost.from_record(cal["wake"]) if cal.get("wake") else None
+    return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS}), wake
 
 
 def run(config: Path, calibration: Path, refit: bool = True) -> dict:
     """The online check (module docstring); the result record."""
     cfg = load_config(config, quick=False)
     spec = cfg.engine
-    cost = load_cost(calibration, spec)
+    cost, wake = load_cost(calibration, spec)
     torch.set_num_threads(spec.torch_threads)
     model_cfg = ModelConfig.from_yaml(MODELS, name=spec.model)
     loaded = load_model(model_cfg, dtype=spec.dtype, attention_backend=spec.attention_backend, seed=spec.seed)
@@ -218,13 +237,16 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
     offline = serve_simulated(spec, trace, cost)
     saturation = NUM_REQUESTS / offline.makespan_s
     load_before, start = os.getloadavg(), time.perf_counter()
-    step_time_s = lambda shape: cost.step_time_s(step_batch(shape))  # noqa: E731
+    step_time_s = with_wake(lambda shape: cost.step_time_s(step_batch(shape)), wake)
     warm, _ = build_engine(loaded, spec)  # one untimed offline pass: the first steps of a process are slow
     serve_online(warm.core, [0.0] * 4, trace.prompts[:4], [8] * 4, wall_wait_until(warm.core.clock))
     # The same grid measured again in this process, just before the real runs: a shared machine's speed
     # drifts between sessions by more than the model's error, and this fit sees the speed the runs see.
-    here = fit(calibration_steps(loaded, cfg)) if refit else None
-    here_time_s = None if here is None else (lambda shape: here.step_time_s(step_batch(shape)))
+    here, here_wake = None, None
+    if refit:
+        here_steps, here_wake = calibration_steps(loaded, cfg)
+        here = fit(here_steps)
+    here_time_s = None if here is None else with_wake(lambda shape: here.step_time_s(step_batch(shape)), here_wake)
     rates = []
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
@@ -243,14 +265,14 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         sim = serve_simulated_online(spec, trace, arrivals, step_time_s)
         row = {"name": name, "fraction_of_saturation": fraction, "rate_per_s": rate,
                "last_arrival_s": arrivals[-1], "real_cpu_share_while_busy": cpu_share,
-               "step_error": step_error(log.steps, step_time_s, log.after_idle),
+               "step_error": step_error(log.steps, step_time_s, log.after_idle, log.idle_gaps_s),
                "metrics": compare_runs(*real, sim, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR),
                "requests": {"real_a": [asdict(t) for t in real[0]], "real_b": [asdict(t) for t in real[1]],
                             "sim": [asdict(t) for t in sim]}}
         if here is not None:
             sim_here = serve_simulated_online(spec, trace, arrivals, here_time_s)
             row["in_process_fit"] = {
-                "step_error": step_error(log.steps, here_time_s, log.after_idle),
+                "step_error": step_error(log.steps, here_time_s, log.after_idle, log.idle_gaps_s),
                 "metrics": compare_runs(*real, sim_here, goal_floor=GOAL_FLOOR, goal_spread_factor=GOAL_SPREAD_FACTOR)}
             row["requests"]["sim_in_process_fit"] = [asdict(t) for t in sim_here]
         rates.append(row)
@@ -259,7 +281,8 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         "study": "calibration_online",
         "environment": environment(),
         "config": {"path": _shown(config), "calibration": _shown(calibration), "engine": asdict(spec),
-                   "cost_model": asdict(cost), "num_requests": NUM_REQUESTS, "length_scale": LENGTH_SCALE,
+                   "cost_model": asdict(cost), "wake": None if wake is None else wake.to_record(),
+                   "num_requests": NUM_REQUESTS, "length_scale": LENGTH_SCALE,
                    "trace_seed": TRACE_SEED, "arrival_seed": ARRIVAL_SEED, "goal_floor": GOAL_FLOOR,
                    "goal_spread_factor": GOAL_SPREAD_FACTOR,
                    "mean_prompt_len": trace.mean_prompt_len, "mean_output_len": trace.mean_output_len},
@@ -269,6 +292,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
                          "loadavg_after": list(os.getloadavg())},
         "rates": rates,
         "in_process_fit": None if here is None else asdict(here),
+        "in_process_wake": None if here_wake is None else here_wake.to_record(),
         "goal_met": all(m["goal_met"] for r in rates for m in r["metrics"].values()),
         "goal_met_in_process_fit": None if here is None else all(
             m["goal_met"] for r in rates for m in r["in_process_fit"]["metrics"].values()),

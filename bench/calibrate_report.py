@@ -83,6 +83,26 @@ def _fit_tables(cal: dict) -> list[str]:
     ]
 
 
+def _wake_table(wake: dict | None) -> list[str]:
+    if not wake:
+        return []
+    rows = []
+    for gap, extra, second, pairs in zip(wake["gaps_s"], wake["extra_s"], wake["second_extra_s"] or
+                                         [None] * len(wake["gaps_s"]), wake["pairs"]):
+        warm = sorted(w for w, _ in pairs)[len(pairs) // 2]
+        rows.append((f"{gap * 1e3:.0f} ms", len(pairs), f"{warm * 1e3:.2f} ms", f"{extra * 1e3:+.2f} ms",
+                     "-" if second is None else f"{second * 1e3:+.2f} ms"))
+    return [
+        "## Waking an idle engine", "",
+        "A lone prompt's first step right after the previous request (warm) and after an idle wait (the loop "
+        "sleeping, as between arrivals): the median extra time per pair. The online check charges the first "
+        "step after each idle wait this much (interpolated between the waits), the second step's extra is "
+        "not charged.", "",
+        tabulate(rows, ["idle wait", "pairs", "first step, warm (median)", "first step: extra after the wait",
+                        "second step: extra"], tablefmt="github"), "",
+    ]
+
+
 def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
     lat, sched, mk = v["latency"], v["schedule"], v["makespan"]
     t = v["trace"]
@@ -151,6 +171,7 @@ def render_markdown(record: dict) -> str:
         f"after: {', '.join(f'{x:.2f}' for x in load['loadavg_after'])} on {load['cpu_count']} cores", "",
         f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
         *_fit_tables(record["calibration"]),
+        *_wake_table(record["calibration"].get("wake")),
         *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
         *_variants_table(record),
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",

@@ -22,7 +22,10 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
 - *lone prompts* of each of ``prefill_lens`` (``prefill_repeats`` times), ``max_tokens=1``: prefill-only
   steps, chunked past the token budget; and a *burst* of ``decode_batches[0]`` prompts cycling through
   ``burst_lens``, ``max_tokens=1`` (prefill steps of many chunks of several lengths: an offline batch's
-  first steps), ``prefill_repeats`` times.
+  first steps), ``prefill_repeats`` times;
+- *wake pairs* (:meth:`StepGrid.wake_pairs`, timed apart from the fit's steps): a lone prompt served
+  right after the previous request and after an idle wait of each of ``wake_gaps_ms``, the cost of a
+  step that starts an idle engine (:mod:`bench.costmodel.wake_cost`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pagedbench.bench.calibrate_config import (
 from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.calibration import fit_batched_profile, relative_errors, terms_of
+from pagedbench.bench.costmodel.wake_cost import WakeCost
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.engine.core import StepShape
 
@@ -189,9 +193,27 @@ class StepGrid:
             steps += run_engine(self.llm, self.timer)
         return steps
 
+    def wake_pairs(self) -> WakeCost:
+        """Per idle wait, ``wake_pairs`` pairs of the same lone prompt's steps: served right after the previous
+        request (warm) and after sleeping the wait, as a server's loop does between arrivals."""
+        g = self.cfg.grid
+        first: list[list[tuple[float, float]]] = [[] for _ in g.wake_gaps_ms]
+        second: list[list[tuple[float, float]]] = [[] for _ in g.wake_gaps_ms]
+        for _ in range(g.wake_pairs):
+            for i, gap_ms in enumerate(g.wake_gaps_ms):
+                self.add(g.wake_prompt_len, 2)
+                warm = run_engine(self.llm, self.timer)
+                time.sleep(gap_ms / 1000)
+                self.add(g.wake_prompt_len, 2)
+                woken = run_engine(self.llm, self.timer)
+                first[i].append((warm[0].step_s, woken[0].step_s))
+                second[i].append((warm[1].step_s, woken[1].step_s))
+        return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], first, second)
 
-def calibration_steps(loaded, cfg: CalibrateConfig) -> list[TimedStep]:
-    """Serve the grid on one engine (see the module docstring); every timed step, warm-up excluded."""
+
+def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost]:
+    """Serve the grid on one engine (see the module docstring): every timed step (warm-up and wake pairs
+    excluded), and the wake pairs' cost of waking an idle engine."""
     llm, timer = build_engine(loaded, cfg.engine)
     grid = StepGrid(llm, timer, cfg)
     grid.warm_up()
@@ -201,7 +223,8 @@ def calibration_steps(loaded, cfg: CalibrateConfig) -> list[TimedStep]:
     steps += grid.decode_run(cfg.grid.spread_contexts)
     for j, batch in enumerate(cfg.grid.join_batches):
         steps += grid.join_run(batch, rotate=3 * j)
-    return steps + grid.lone_prompts()
+    steps += grid.lone_prompts()
+    return steps, grid.wake_pairs()
 
 
 def samples_of(steps: Sequence[TimedStep], clock: str = "wall") -> list[StepSample]:

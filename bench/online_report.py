@@ -24,6 +24,13 @@ def _step_line(e: dict | None) -> list[str]:
             f"time in all: {e['predicted_over_measured_total']:.3f}.", ""]
 
 
+def _wake_note(wake: dict | None) -> str:
+    if not wake:
+        return ", no cost of waking an idle engine (the record predates its measurement)"
+    extras = ", ".join(f"{e * 1e3:+.1f} ms after {g * 1e3:.0f} ms" for g, e in zip(wake["gaps_s"], wake["extra_s"]))
+    return f", plus waking an idle engine: {extras} idle (the first step after a wait)"
+
+
 def _rate_section(r: dict) -> list[str]:
     lines = [f"### {r['name'].replace('_', ' ')}: {r['rate_per_s']:.2f} requests/s "
              f"({r['fraction_of_saturation']:.0%} of saturation), last arrival at {r['last_arrival_s']:.1f} s", "",
@@ -74,7 +81,8 @@ def render_markdown(record: dict) -> str:
     lines = [
         "# The simulator checked online: calibrated step-cost model vs the real CPU engine", "",
         f"Engine: `{c['engine']['model']}` model, `{c['engine']['attention_backend']}` attention, "
-        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`).",
+        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`)"
+        + _wake_note(c.get("wake")) + ".",
         f"Trace: {c['num_requests']} ShareGPT-like requests (lengths x {c['length_scale']}: mean prompt "
         f"{c['mean_prompt_len']:.0f}, mean output {c['mean_output_len']:.0f} tokens), Poisson arrivals (seed "
         f"{c['arrival_seed']}). Saturation rate (the fitted model, the trace as one offline batch): "
@@ -98,8 +106,10 @@ def render_markdown(record: dict) -> str:
     lines += ["KS: the two-sample Kolmogorov-Smirnov statistic (largest gap between empirical CDFs); the real runs' "
               "own KS is the noise floor it is read against. TPOT leaves out one-token outputs.", "",
               "Steps that wake an idle engine (the loop had waited for an arrival: at a low rate, many requests' "
-              "first step) can run slower than the same shape in a busy run (likely caches gone cold while the "
-              "process slept): the cost model prices a step by its shape alone and cannot see it; compare the "
+              "first step) run slower than the same shape in a busy run (while the loop slept, other processes "
+              "used the caches the weights were in). A step's shape cannot say it; the simulator knows when its "
+              "clock jumped over an idle wait, and adds the calibration's measured cost of waking after a wait "
+              "that long to the next step (the step errors above include it for those steps). Compare the "
               "errors of the steps with a prefill after idle and while busy above.", "",
               environment_markdown(record["environment"]), ""]
     return "\n".join(lines)

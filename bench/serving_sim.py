@@ -5,7 +5,9 @@ EngineCore` with ``max_tokens = output_len`` (and ``ignore_eos``); the loop is t
 (``Scheduler -> SimulatedExecutor -> Scheduler.update``), so admission, chunked or separate prefill,
 preemption (recompute) and the block accounting are exactly the engine's. A step lasts what
 ``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
-(:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival.
+(:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival;
+a step-time function that prices waking an idle engine (``step_time_s.wake_s``, see
+:mod:`pagedbench.bench.costmodel.wake_cost`) makes the step after each jump that much longer.
 A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
 trajectories (:mod:`pagedbench.bench.group_replay`); it completes when its last sequence does.
 
@@ -50,6 +52,7 @@ the length of the run, not a property of the system, and is never used as a capa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -236,7 +239,11 @@ class _Accounting:
             run.peak_used = used
         if self.do_account:
             run.account()
-        return self.inner.execute(out)
+        result = self.inner.execute(out)
+        if run.idle_gap_s is not None:  # this step wakes an engine that waited idle
+            result = dataclasses.replace(result, elapsed_s=result.elapsed_s + run.wake_s(run.idle_gap_s))
+            run.idle_gap_s = None
+        return result
 
 
 class _Run:
@@ -260,6 +267,10 @@ class _Run:
                                stop=StopRule(frozenset(), cfg.max_seq_len), policy=cfg.policy,
                                prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
         executor = SimulatedExecutor(step_time_s)
+        # a step-time function may price waking an idle engine (bench.costmodel.wake_cost): the first step
+        # after an idle jump of the clock costs wake_s(the jump) more
+        self.wake_s = getattr(step_time_s, "wake_s", None)
+        self.idle_gap_s: float | None = None
         if group is not None and group.is_beam:
             executor = RowExecutor(executor)
         self.clock = SimClock()
@@ -353,6 +364,8 @@ class _Run:
         if not core.has_unfinished():
             if not self.pending:
                 return False
+            if self.wake_s is not None:
+                self.idle_gap_s = self.pending[0].arrival_s - self.clock.now()
             self.clock.advance_to(self.pending[0].arrival_s)  # idle: skip to the next arrival
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
