@@ -87,13 +87,14 @@ ASSUMPTIONS = (
     "(least squares on relative error under-predicts a typical step when timings are noisy).",
     "Prompts are random tokens (no prefix is shared); outputs are forced to the trace's lengths (ignore_eos); "
     "every request arrives at t=0.",
-    "Waking an idle engine (measured apart from the fit, as pairs of the same lone prompt served right after the "
-    "previous request and after an idle wait): the first step after a wait runs slower than its shape says "
-    "(while the loop slept, other processes used the caches the weights were in). The simulator adds the "
-    "median extra time for the wait it skipped (interpolated between the measured waits, from 0 at none; held "
-    "past the longest) to the first step after each idle jump of its clock; the second step's smaller extra "
-    "is recorded, not charged. It depends on what else runs on the machine during the wait. An offline batch "
-    "(this validation) never waits, so only the online check (calibrate_online) exercises it.",
+    "Waking an idle engine (measured apart from the fit, as pairs of the same lone prompt's first steps served "
+    "right after the previous request and after an idle wait): the first steps after a wait run slower than "
+    "their shape says (while the loop slept, other processes used the caches the weights were in), the first "
+    "most. The simulator adds the median extra time of each of those steps for the wait it skipped "
+    "(interpolated between the measured waits, from 0 at none; held past the longest) to the steps after each "
+    "idle jump of its clock, whatever their shape. It depends on what else runs on the machine during the "
+    "wait. An offline batch (this validation) never waits, so only the online check (calibrate_online) "
+    "exercises it.",
 )
 
 

@@ -57,6 +57,7 @@ class GridSpec:
     prefill_repeats: int
     wake_gaps_ms: tuple[int, ...]  # idle waits after which a lone prompt's first step is timed
     wake_pairs: int  # (no wait, wait) pairs per gap
+    wake_steps: int  # steps timed after each wait (a prefill, then decodes)
     wake_prompt_len: int  # the lone prompt's length
 
 

@@ -175,15 +175,20 @@ def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[
     an engine with nothing in flight (the loop had waited for an arrival); given, the steps with a prefill are
     split by it too, since a step that wakes an idle engine runs on cold caches, which no step shape says.
     ``idle_gaps_s[i]``: how long that wait was (None: busy); with a ``step_time_s.wake_s`` (the simulator's
-    price of waking, :mod:`bench.costmodel.wake_cost`) each such step is predicted with it, as the simulator
-    does."""
+    price of waking, :mod:`bench.costmodel.wake_cost`) the first steps after each wait are predicted with it,
+    as the simulator does."""
     wake = getattr(step_time_s, "wake_s", None)
     if idle_gaps_s is None or wake is None:
         idle_gaps_s = [None] * len(steps)
     elif len(idle_gaps_s) != len(steps):
         raise ValueError(f"expected one idle gap per step ({len(steps)}), got {len(idle_gaps_s)}")
-    predicted = np.array([step_time_s(shape) + (0.0 if gap is None else wake(gap))
-                          for (shape, _), gap in zip(steps, idle_gaps_s)])
+    predicted, extra = [], ()
+    for (shape, _), gap in zip(steps, idle_gaps_s):
+        if gap is not None:
+            extra = wake(gap)
+        predicted.append(step_time_s(shape) + (extra[0] if extra else 0.0))
+        extra = extra[1:]
+    predicted = np.array(predicted)
     measured = np.array([seconds for _, seconds in steps])
     error = predicted / measured - 1.0
     prefill = np.array([bool(shape.prefill_chunks) for shape, _ in steps])

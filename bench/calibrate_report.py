@@ -11,6 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from pagedbench.bench.environment import environment_markdown
 from tabulate import tabulate
 
@@ -87,19 +88,18 @@ def _wake_table(wake: dict | None) -> list[str]:
     if not wake:
         return []
     rows = []
-    for gap, extra, second, pairs in zip(wake["gaps_s"], wake["extra_s"], wake["second_extra_s"] or
-                                         [None] * len(wake["gaps_s"]), wake["pairs"]):
-        warm = sorted(w for w, _ in pairs)[len(pairs) // 2]
-        rows.append((f"{gap * 1e3:.0f} ms", len(pairs), f"{warm * 1e3:.2f} ms", f"{extra * 1e3:+.2f} ms",
-                     "-" if second is None else f"{second * 1e3:+.2f} ms"))
+    for gap, extra, pairs in zip(wake["gaps_s"], wake["extra_s"], wake["pairs"]):
+        warm = [float(np.median([w for w, _ in step])) for step in pairs]
+        rows.append((f"{gap * 1e3:.0f} ms", len(pairs[0]),
+                     *(f"{e * 1e3:+.2f} ms ({w * 1e3:.2f})" for e, w in zip(extra, warm))))
+    steps = ["prefill" if i == 0 else f"decode {i}" for i in range(len(wake["extra_s"][0]))]
     return [
         "## Waking an idle engine", "",
-        "A lone prompt's first step right after the previous request (warm) and after an idle wait (the loop "
-        "sleeping, as between arrivals): the median extra time per pair. The online check charges the first "
-        "step after each idle wait this much (interpolated between the waits), the second step's extra is "
-        "not charged.", "",
-        tabulate(rows, ["idle wait", "pairs", "first step, warm (median)", "first step: extra after the wait",
-                        "second step: extra"], tablefmt="github"), "",
+        "A lone prompt's first steps (its prefill, then decodes) right after the previous request (warm) and "
+        "after an idle wait (the loop sleeping, as between arrivals): the median extra time of each step over "
+        "its pairs (in brackets: the warm step's median). The online check charges the steps after each idle "
+        "wait these (interpolated between the waits).", "",
+        tabulate(rows, ["idle wait", "pairs", *(f"{s}: extra (warm)" for s in steps)], tablefmt="github"), "",
     ]
 
 

@@ -23,9 +23,9 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
   steps, chunked past the token budget; and a *burst* of ``decode_batches[0]`` prompts cycling through
   ``burst_lens``, ``max_tokens=1`` (prefill steps of many chunks of several lengths: an offline batch's
   first steps), ``prefill_repeats`` times;
-- *wake pairs* (:meth:`StepGrid.wake_pairs`, timed apart from the fit's steps): a lone prompt served
-  right after the previous request and after an idle wait of each of ``wake_gaps_ms``, the cost of a
-  step that starts an idle engine (:mod:`bench.costmodel.wake_cost`).
+- *wake pairs* (:meth:`StepGrid.wake_pairs`, timed apart from the fit's steps): a lone prompt's first
+  ``wake_steps`` steps served right after the previous request and after an idle wait of each of
+  ``wake_gaps_ms``: the cost of the steps that start an idle engine (:mod:`bench.costmodel.wake_cost`).
 """
 
 from __future__ import annotations
@@ -194,21 +194,20 @@ class StepGrid:
         return steps
 
     def wake_pairs(self) -> WakeCost:
-        """Per idle wait, ``wake_pairs`` pairs of the same lone prompt's steps: served right after the previous
-        request (warm) and after sleeping the wait, as a server's loop does between arrivals."""
+        """Per idle wait, ``wake_pairs`` pairs of the same lone prompt's first ``wake_steps`` steps: served right
+        after the previous request (warm) and after sleeping the wait, as a server's loop does between arrivals."""
         g = self.cfg.grid
-        first: list[list[tuple[float, float]]] = [[] for _ in g.wake_gaps_ms]
-        second: list[list[tuple[float, float]]] = [[] for _ in g.wake_gaps_ms]
+        pairs = [[[] for _ in range(g.wake_steps)] for _ in g.wake_gaps_ms]
         for _ in range(g.wake_pairs):
-            for i, gap_ms in enumerate(g.wake_gaps_ms):
-                self.add(g.wake_prompt_len, 2)
+            for gap, gap_ms in zip(pairs, g.wake_gaps_ms):
+                self.add(g.wake_prompt_len, g.wake_steps)  # a prefill, then decodes: one step each
                 warm = run_engine(self.llm, self.timer)
                 time.sleep(gap_ms / 1000)
-                self.add(g.wake_prompt_len, 2)
+                self.add(g.wake_prompt_len, g.wake_steps)
                 woken = run_engine(self.llm, self.timer)
-                first[i].append((warm[0].step_s, woken[0].step_s))
-                second[i].append((warm[1].step_s, woken[1].step_s))
-        return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], first, second)
+                for step, w, a in zip(gap, warm, woken):
+                    step.append((w.step_s, a.step_s))
+        return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], pairs)
 
 
 def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost]:

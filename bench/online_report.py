@@ -27,8 +27,10 @@ def _step_line(e: dict | None) -> list[str]:
 def _wake_note(wake: dict | None) -> str:
     if not wake:
         return ", no cost of waking an idle engine (the record predates its measurement)"
-    extras = ", ".join(f"{e * 1e3:+.1f} ms after {g * 1e3:.0f} ms" for g, e in zip(wake["gaps_s"], wake["extra_s"]))
-    return f", plus waking an idle engine: {extras} idle (the first step after a wait)"
+    extras = ", ".join(f"{sum(e) * 1e3:+.1f} ms after {g * 1e3:.0f} ms"
+                       for g, e in zip(wake["gaps_s"], wake["extra_s"]))
+    return (f", plus waking an idle engine: {extras} idle, over the first {len(wake['extra_s'][0])} steps after "
+            "a wait")
 
 
 def _rate_section(r: dict) -> list[str]:
@@ -109,7 +111,7 @@ def render_markdown(record: dict) -> str:
               "first step) run slower than the same shape in a busy run (while the loop slept, other processes "
               "used the caches the weights were in). A step's shape cannot say it; the simulator knows when its "
               "clock jumped over an idle wait, and adds the calibration's measured cost of waking after a wait "
-              "that long to the next step (the step errors above include it for those steps). Compare the "
+              "that long to the next steps (the step errors above include it for those steps). Compare the "
               "errors of the steps with a prefill after idle and while busy above.", "",
               environment_markdown(record["environment"]), ""]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ preemption (recompute) and the block accounting are exactly the engine's. A step
 ``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
 (:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival;
 a step-time function that prices waking an idle engine (``step_time_s.wake_s``, see
-:mod:`pagedbench.bench.costmodel.wake_cost`) makes the step after each jump that much longer.
+:mod:`pagedbench.bench.costmodel.wake_cost`) makes the first steps after each jump that much longer.
 A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
 trajectories (:mod:`pagedbench.bench.group_replay`); it completes when its last sequence does.
 
@@ -240,9 +240,8 @@ class _Accounting:
         if self.do_account:
             run.account()
         result = self.inner.execute(out)
-        if run.idle_gap_s is not None:  # this step wakes an engine that waited idle
-            result = dataclasses.replace(result, elapsed_s=result.elapsed_s + run.wake_s(run.idle_gap_s))
-            run.idle_gap_s = None
+        if run.wake_left:  # one of the first steps after the engine waited idle
+            result = dataclasses.replace(result, elapsed_s=result.elapsed_s + run.wake_left.pop())
         return result
 
 
@@ -267,10 +266,10 @@ class _Run:
                                stop=StopRule(frozenset(), cfg.max_seq_len), policy=cfg.policy,
                                prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
         executor = SimulatedExecutor(step_time_s)
-        # a step-time function may price waking an idle engine (bench.costmodel.wake_cost): the first step
-        # after an idle jump of the clock costs wake_s(the jump) more
+        # a step-time function may price waking an idle engine (bench.costmodel.wake_cost): the i-th step
+        # after an idle jump of the clock costs wake_s(the jump)[i] more
         self.wake_s = getattr(step_time_s, "wake_s", None)
-        self.idle_gap_s: float | None = None
+        self.wake_left: list[float] = []  # the extra seconds of the next steps, the next one last
         if group is not None and group.is_beam:
             executor = RowExecutor(executor)
         self.clock = SimClock()
@@ -301,7 +300,9 @@ class _Run:
         self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
         self.running_sum = 0
         self.steps: list[StepRecord] = []
-        fast = fast_forward and group is None and not account and not record_steps and FastForward.applies(self)
+        # a run of steps is priced by shape alone: with a price of waking, every step is simulated
+        fast = (fast_forward and group is None and not account and not record_steps and self.wake_s is None
+                and FastForward.applies(self))
         self.fast = FastForward(self) if fast else None
 
     def _arrive(self) -> None:
@@ -365,7 +366,7 @@ class _Run:
             if not self.pending:
                 return False
             if self.wake_s is not None:
-                self.idle_gap_s = self.pending[0].arrival_s - self.clock.now()
+                self.wake_left = list(reversed(self.wake_s(self.pending[0].arrival_s - self.clock.now())))
             self.clock.advance_to(self.pending[0].arrival_s)  # idle: skip to the next arrival
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:

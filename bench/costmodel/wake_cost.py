@@ -1,17 +1,15 @@
-"""What waking an idle engine costs: the extra time of the first step after the loop waited for an arrival.
+"""What waking an idle engine costs: the extra time of the first steps after the loop waited for an arrival.
 
 A step prices by its shape alone (:class:`~bench.costmodel.batched_cost.BatchedStepCost`), but on a
 CPU the same shape runs slower when it starts an engine that sat idle: while the loop slept, other
-processes used the caches the model's weights were in, and the step reads them back from memory. The
-calibration measures it directly, as pairs: a lone prompt's first step right after the previous
-request (warm), and the same step after an idle wait of ``gap`` seconds; the median difference per wait
-is :attr:`WakeCost.extra_s`. Between the measured waits the cost is interpolated linearly (from 0 at no
-wait), and held at the longest wait's value beyond it.
+processes used the caches the model's weights and buffers were in, and the first steps read them back
+from memory, the first most. The calibration measures it directly, as pairs: a lone prompt's first steps
+right after the previous request (warm), and the same steps after an idle wait of ``gap`` seconds; the
+median difference per wait and step is :attr:`WakeCost.extra_s`. Between the measured waits the cost is
+interpolated linearly (from 0 at no wait), and held at the longest wait's value beyond it.
 
 A step-time function carries it as ``step_time_s.wake_s`` (:func:`with_wake`); the serving simulator
-adds ``wake_s(gap)`` to the first step after it jumped its clock ``gap`` seconds to an arrival. Only
-the first step is charged: the next one is slower too, by less (recorded as ``second_extra_s``, not
-charged).
+adds ``wake_s(gap)[i]`` to the ``i``-th step after it jumped its clock ``gap`` seconds to an arrival.
 """
 
 from __future__ import annotations
@@ -21,59 +19,63 @@ from dataclasses import dataclass
 
 import numpy as np
 
+Pair = tuple[float, float]  # (warm, after the wait) seconds of one step
+
 
 @dataclass(frozen=True, slots=True)
 class WakeCost:
-    """Median extra seconds of the first (and, not charged, the second) step after an idle wait of each
-    of ``gaps_s``; ``pairs`` (warm, after-wait) first-step seconds per gap, kept for the record."""
+    """``extra_s[g][i]``: median extra seconds of the ``i``-th step after an idle wait of ``gaps_s[g]``;
+    ``pairs[g][i]``: the (warm, after-wait) step seconds it comes from, kept for the record."""
 
     gaps_s: tuple[float, ...]
-    extra_s: tuple[float, ...]
-    second_extra_s: tuple[float, ...] = ()
-    pairs: tuple[tuple[tuple[float, float], ...], ...] = ()
+    extra_s: tuple[tuple[float, ...], ...]
+    pairs: tuple[tuple[tuple[Pair, ...], ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.gaps_s or len(self.gaps_s) != len(self.extra_s):
-            raise ValueError(f"expected one extra time per gap, got {len(self.gaps_s)} gaps and "
-                             f"{len(self.extra_s)} extra times")
+            raise ValueError(f"expected one row of extra times per gap, got {len(self.gaps_s)} gaps and "
+                             f"{len(self.extra_s)} rows")
         if any(g <= 0 for g in self.gaps_s) or list(self.gaps_s) != sorted(set(self.gaps_s)):
             raise ValueError(f"gaps must be > 0 and strictly increasing, got {list(self.gaps_s)}")
+        if len({len(row) for row in self.extra_s}) != 1 or not self.extra_s[0]:
+            raise ValueError(f"expected the same number (>= 1) of steps for every gap, got "
+                             f"{[len(row) for row in self.extra_s]}")
 
-    def __call__(self, gap_s: float) -> float:
-        """Extra seconds of the first step after an idle wait of ``gap_s`` (never below 0)."""
+    @property
+    def num_steps(self) -> int:
+        return len(self.extra_s[0])
+
+    def __call__(self, gap_s: float) -> tuple[float, ...]:
+        """Extra seconds of each of the first :attr:`num_steps` steps after an idle wait of ``gap_s`` (each
+        never below 0; all 0 for no wait)."""
         if gap_s <= 0:
-            return 0.0
-        extra = np.interp(gap_s, (0.0, *self.gaps_s), (0.0, *self.extra_s))
-        return max(0.0, float(extra))
+            return (0.0,) * self.num_steps
+        xs = (0.0, *self.gaps_s)
+        return tuple(max(0.0, float(np.interp(gap_s, xs, (0.0, *(row[i] for row in self.extra_s)))))
+                     for i in range(self.num_steps))
 
     @classmethod
-    def measured(cls, gaps_s: Sequence[float], first: Sequence[Sequence[tuple[float, float]]],
-                 second: Sequence[Sequence[tuple[float, float]]] = ()) -> WakeCost:
-        """From (warm, after-wait) step seconds per gap: the first steps (``first``) and, optionally, the
-        steps after them (``second``)."""
-        if len(first) != len(gaps_s) or any(not p for p in first):
-            raise ValueError(f"expected a non-empty list of pairs per gap ({len(gaps_s)}), got {len(first)}")
-
-        def median_extra(pairs) -> float:
-            return float(np.median([after - warm for warm, after in pairs]))
-
-        return cls(tuple(float(g) for g in gaps_s), tuple(median_extra(p) for p in first),
-                   tuple(median_extra(p) for p in second),
-                   tuple(tuple((float(w), float(a)) for w, a in p) for p in first))
+    def measured(cls, gaps_s: Sequence[float], pairs: Sequence[Sequence[Sequence[Pair]]]) -> WakeCost:
+        """From ``pairs[g][i]``: the (warm, after-wait) seconds of step ``i`` after the wait ``gaps_s[g]``."""
+        if len(pairs) != len(gaps_s) or any(not step for gap in pairs for step in gap):
+            raise ValueError(f"expected non-empty pairs per gap ({len(gaps_s)}) and step")
+        extra = tuple(tuple(float(np.median([after - warm for warm, after in step])) for step in gap) for gap in pairs)
+        return cls(tuple(float(g) for g in gaps_s), extra,
+                   tuple(tuple(tuple((float(w), float(a)) for w, a in step) for step in gap) for gap in pairs))
 
     def to_record(self) -> dict:
-        return {"gaps_s": list(self.gaps_s), "extra_s": list(self.extra_s),
-                "second_extra_s": list(self.second_extra_s),
-                "pairs": [[list(p) for p in gap] for gap in self.pairs]}
+        return {"gaps_s": list(self.gaps_s), "extra_s": [list(row) for row in self.extra_s],
+                "pairs": [[[list(p) for p in step] for step in gap] for gap in self.pairs]}
 
     @classmethod
     def from_record(cls, record: dict) -> WakeCost:
-        return cls(tuple(record["gaps_s"]), tuple(record["extra_s"]), tuple(record.get("second_extra_s", ())),
-                   tuple(tuple(tuple(p) for p in gap) for gap in record.get("pairs", ())))
+        return cls(tuple(record["gaps_s"]), tuple(tuple(row) for row in record["extra_s"]),
+                   tuple(tuple(tuple(tuple(p) for p in step) for step in gap) for gap in record.get("pairs", ())))
 
 
 def with_wake(step_time_s: Callable, wake: WakeCost | None) -> Callable:
-    """``step_time_s`` carrying ``wake`` as its ``wake_s`` (and any ``decode_run`` it had); unchanged for None."""
+    """``step_time_s`` carrying ``wake`` as its ``wake_s``; unchanged for None. (It carries no ``decode_run``:
+    a fast-forward prices a run of steps by shape alone, so the simulator steps one at a time.)"""
     if wake is None:
         return step_time_s
 
@@ -81,7 +83,4 @@ def with_wake(step_time_s: Callable, wake: WakeCost | None) -> Callable:
         return step_time_s(shape)
 
     timed.wake_s = wake
-    own = getattr(step_time_s, "decode_run", None)
-    if own is not None:
-        timed.decode_run = own
     return timed

@@ -70,9 +70,10 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan",
                     "## Waking an idle engine"):
         assert heading in md
-    wake = cal["wake"]  # the quick grid's waits, each with its pairs
-    assert wake["gaps_s"] == [0.005, 0.02] and [len(p) for p in wake["pairs"]] == [2, 2]
-    assert wake["extra_s"] == [pytest.approx(float(np.median([a - w for w, a in p]))) for p in wake["pairs"]]
+    wake = cal["wake"]  # the quick grid's waits, each with its pairs per step
+    assert wake["gaps_s"] == [0.005, 0.02] and [[len(s) for s in g] for g in wake["pairs"]] == [[2, 2], [2, 2]]
+    assert wake["extra_s"] == [[pytest.approx(float(np.median([a - w for w, a in s]))) for s in g]
+                               for g in wake["pairs"]]
 
 
 def test_fitted_model_beats_a_constant_on_its_samples(quick_run):

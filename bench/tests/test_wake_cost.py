@@ -1,4 +1,4 @@
-"""The cost of waking an idle engine: its interpolation, and the simulator charging it to exactly the step
+"""The cost of waking an idle engine: its interpolation, and the simulator charging it to exactly the steps
 after each idle jump of its clock (against the real-time loop on an engine whose steps after a wait last that
 much longer)."""
 
@@ -16,28 +16,29 @@ from pagedbench.bench.tests.test_calibrate_online import STEP_S, _trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 
-WAKE = WakeCost((0.25, 1.0), (1 / 256, 1 / 64))
+WAKE = WakeCost((0.25, 1.0), ((1 / 256, 1 / 1024, 0.0), (1 / 64, 1 / 256, 1 / 1024)))
 
 
 def test_interpolates_from_zero_between_the_measured_waits_and_holds_past_the_last() -> None:
-    assert WAKE(0.0) == 0.0 and WAKE(-1.0) == 0.0
-    assert WAKE(0.125) == pytest.approx(1 / 512)  # half way from (0, 0) to the first wait
-    assert WAKE(0.25) == pytest.approx(1 / 256)
-    assert WAKE(0.625) == pytest.approx((1 / 256 + 1 / 64) / 2)
-    assert WAKE(1.0) == WAKE(30.0) == pytest.approx(1 / 64)
-    assert WakeCost((0.1,), (-0.002,))(0.5) == 0.0  # a wait measured faster than warm (noise) costs nothing
+    assert WAKE(0.0) == WAKE(-1.0) == (0.0, 0.0, 0.0)
+    assert WAKE(0.125) == pytest.approx((1 / 512, 1 / 2048, 0.0))  # half way from (0, 0) to the first wait
+    assert WAKE(0.25) == pytest.approx((1 / 256, 1 / 1024, 0.0))
+    assert WAKE(0.625) == pytest.approx(((1 / 256 + 1 / 64) / 2, (1 / 1024 + 1 / 256) / 2, 1 / 2048))
+    assert WAKE(1.0) == WAKE(30.0) == pytest.approx((1 / 64, 1 / 256, 1 / 1024))
+    assert WakeCost((0.1,), ((-0.002,),))(0.5) == (0.0,)  # a wait measured faster than warm (noise) costs nothing
 
 
-def test_measured_takes_the_median_extra_per_wait_and_round_trips() -> None:
-    w = WakeCost.measured([0.02, 0.1], [[(1.0, 1.5), (1.0, 1.1), (2.0, 2.3)], [(1.0, 2.0)]],
-                          [[(1.0, 1.0), (1.0, 1.2), (1.0, 1.1)], [(1.0, 1.05)]])
-    assert w.extra_s == pytest.approx((0.3, 1.0)) and w.second_extra_s == pytest.approx((0.1, 0.05))
+def test_measured_takes_the_median_extra_per_wait_and_step_and_round_trips() -> None:
+    w = WakeCost.measured([0.02, 0.1], [[[(1.0, 1.5), (1.0, 1.1), (2.0, 2.3)], [(1.0, 1.0), (1.0, 1.2), (1.0, 1.1)]],
+                                        [[(1.0, 2.0)], [(1.0, 1.05)]]])
+    assert w.extra_s == (pytest.approx((0.3, 0.1)), pytest.approx((1.0, 0.05))) and w.num_steps == 2
     assert WakeCost.from_record(w.to_record()) == w
 
 
 @pytest.mark.parametrize(("gaps", "extra", "match"), [
-    ((), (), "one extra time per gap"), ((0.1, 0.2), (0.0,), "one extra time per gap"),
-    ((0.2, 0.1), (0.0, 0.0), "strictly increasing"), ((0.0,), (0.1,), "> 0"),
+    ((), (), "one row of extra times per gap"), ((0.1, 0.2), ((0.0,),), "one row of extra times per gap"),
+    ((0.2, 0.1), ((0.0,), (0.0,)), "strictly increasing"), ((0.0,), ((0.1,),), "> 0"),
+    ((0.1, 0.2), ((0.0,), (0.0, 0.0)), "same number"), ((0.1,), ((),), "same number"),
 ])
 def test_refuses_bad_waits(gaps, extra, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -45,8 +46,8 @@ def test_refuses_bad_waits(gaps, extra, match) -> None:
 
 
 def _waking_core(spec, state: dict) -> EngineCore:
-    """A stub engine: every step lasts STEP_S, and the first after the loop's idle wait of g seconds lasts
-    STEP_S + WAKE(g) (``state['gap']``, set by :func:`_wait`)."""
+    """A stub engine: every step lasts STEP_S, and the i-th after the loop's idle wait of g seconds lasts
+    STEP_S + WAKE(g)[i] (``state['extra']``, set by :func:`_wait`)."""
     sim_cfg = calibrate_online._sim_config(spec)
     bm = _manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
     sched = Scheduler(bm, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -54,24 +55,25 @@ def _waking_core(spec, state: dict) -> EngineCore:
                       prefix_caching=spec.enable_prefix_caching, watermark_blocks=0)
 
     def step_s(shape) -> float:
-        gap, state["gap"] = state["gap"], None
-        return STEP_S + (0.0 if gap is None else WAKE(gap))
+        extra = state["extra"]
+        state["extra"] = extra[1:]
+        return STEP_S + (extra[0] if extra else 0.0)
 
     return EngineCore(sched, SimulatedExecutor(step_s), clock=SimClock(1024.0))
 
 
 def _wait(core: EngineCore, state: dict):
     def wait(t: float) -> None:
-        state["gap"] = t - core.clock.now()
+        state["extra"] = WAKE(t - core.clock.now())
         core.clock.advance_to(t)
     return wait
 
 
-def test_the_simulator_charges_the_wake_to_the_step_after_each_idle_jump() -> None:
+def test_the_simulator_charges_the_wake_to_the_steps_after_each_idle_jump() -> None:
     spec = dataclasses.replace(load_config(CONFIG, quick=True).engine, num_blocks=64, max_num_seqs=4,
                                max_num_batched_tokens=64)
     trace, arrivals = _trace()
-    state = {"gap": None}
+    state = {"extra": ()}
     core = _waking_core(spec, state)
     log = StepLog()
     real = serve_online(core, arrivals, trace.prompts, trace.output_lens, _wait(core, state), log.recorder(core))
@@ -83,8 +85,9 @@ def test_the_simulator_charges_the_wake_to_the_step_after_each_idle_jump() -> No
     # not trivial: without the wake the times differ, and charged to every step they differ too
     plain = serve_simulated_online(spec, trace, arrivals, constant_step(STEP_S))
     assert any(p.token_times_s[0] != pytest.approx(r.token_times_s[0], abs=1e-9) for p, r in zip(plain, real))
-    every = constant_step(STEP_S + WAKE(1.0))
-    assert serve_simulated_online(spec, trace, arrivals, every) != pytest.approx(real)
+    first_only = WakeCost(WAKE.gaps_s, tuple(row[:1] for row in WAKE.extra_s))  # the later steps not charged
+    short = serve_simulated_online(spec, trace, arrivals, with_wake(constant_step(STEP_S), first_only))
+    assert any(p.token_times_s[-1] != pytest.approx(r.token_times_s[-1], abs=1e-9) for p, r in zip(short, real))
     # the step error predicts the waking steps with the wake too: exact on the real steps
     woken = sum(g is not None for g in log.idle_gaps_s)
     assert 2 < woken < len(log.steps) and log.idle_gaps_s[0] == pytest.approx(arrivals[0])
