@@ -52,6 +52,8 @@ class ModelExecutor:
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         self.apply_copies(out)
+        if not out.chunks:  # nothing planned (an idle engine stepped): no model to run
+            return StepResult({})
         return self._run(out)
 
     def _run(self, out: SchedulerOutput) -> StepResult:

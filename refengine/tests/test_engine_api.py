@@ -23,6 +23,17 @@ def prompt(n: int, salt: int) -> list[int]:
     return [(salt * 31 + 7 * i) % 256 for i in range(n)]
 
 
+def test_stepping_an_idle_engine_does_nothing(loaded):
+    """A loop may step an engine with nothing queued (a server between requests, or after its last request
+    finished): the step plans nothing, runs no model and changes no state."""
+    llm = LLM(loaded, block_size=4, num_blocks=32, check_invariants=True)
+    assert llm.step() == []
+    (out,) = llm.generate([prompt(5, 1)], GREEDY)
+    assert llm.step() == [] and llm.step() == []  # after the last request finished
+    assert llm.stats.num_used_blocks == 0 and not llm.core.has_unfinished()
+    assert llm.generate([prompt(5, 1)], GREEDY)[0].outputs[0].token_ids == out.outputs[0].token_ids
+
+
 # --- generate after a failed step --------------------------------------------------------------------
 def test_generate_returns_every_request_after_a_failed_step(loaded, monkeypatch):
     """A request finished before the failure is complete; one the failing step did not touch is served
