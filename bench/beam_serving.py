@@ -28,12 +28,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records
+from pagedbench.bench import records, sweep_runner
 from pagedbench.bench.capacity_search import ratio_estimate
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.group_replay import GroupSpec
@@ -120,7 +119,10 @@ def _search_job(args) -> dict:
     return search(*args)
 
 
-def run_study(cfg: BeamServingConfig, trajectories: dict[int, tuple], *, progress: bool = True) -> dict:
+def run_study(cfg: BeamServingConfig, trajectories: dict[int, tuple], *, progress: bool = True,
+              address: str | None = None) -> dict:
+    """Every search of ``cfg`` on ``cfg.workers`` local processes, or on the Ray cluster at ``address`` (or
+    ``RAY_ADDRESS``; :mod:`pagedbench.bench.sweep_runner`)."""
     setting, dataset = cfg.setting, Dataset(cfg.dataset, cfg.dataset)
     slots = kv_slot_budget(load_model(cfg.model), load_hardware(cfg.hardware), cfg.gpu_memory_utilization)
     rate = low_load_rate(setting, dataset, cfg.max_seq_len)
@@ -129,18 +131,18 @@ def run_study(cfg: BeamServingConfig, trajectories: dict[int, tuple], *, progres
     lows = [Point(setting, dataset, paged, cfg.policy, rate, seed, cfg.max_seq_len, slots.num_slots, False,
                   _method(cfg), group=g) for g in specs for seed in cfg.seeds]
     name = str(cfg.threshold)
-    with ProcessPoolExecutor(cfg.workers) as pool:
-        low_rows = list(pool.map(run_point, lows))
-        jobs = [(dataclasses.replace(low, allocator=a), row["normalized_latency_s"], [name], cfg.bisection_steps)
-                for low, row in zip(lows, low_rows) for a in cfg.allocators]
-        searches = []
-        for (base, *_), res in zip(jobs, pool.map(_search_job, jobs)):
-            res["group"] = base.group.name
-            searches.append(res)
-            if progress:
-                cap = res["capacity"][name]
-                print(f"  {res['group']} {res['allocator']} seed {res['seed']}: capacity "
-                      f"{'none' if cap is None else f'{cap:.3g}'} req/s", flush=True)
+    run = {"workers": cfg.workers, "address": address}
+    low_rows = sweep_runner.map_points(run_point, lows, **run)
+    jobs = [(dataclasses.replace(low, allocator=a), row["normalized_latency_s"], [name], cfg.bisection_steps)
+            for low, row in zip(lows, low_rows) for a in cfg.allocators]
+    searches = []
+    for (base, *_), res in zip(jobs, sweep_runner.imap_points(_search_job, jobs, **run)):
+        res["group"] = base.group.name
+        searches.append(res)
+        if progress:
+            cap = res["capacity"][name]
+            print(f"  {res['group']} {res['allocator']} seed {res['seed']}: capacity "
+                  f"{'none' if cap is None else f'{cap:.3g}'} req/s", flush=True)
     return {"config": _config_doc(cfg), "kv_slots": slots.num_slots, "low_load_rate": rate, "criterion": name,
             "searches": searches, "ratios": ratios(searches, name, [g.name for g in specs]),
             "trajectories": {w: _shape(t) for w, t in trajectories.items()}}
@@ -186,12 +188,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
     parser.add_argument("--full", action="store_true", help="5 seeds, 10-minute spans, finer bisection")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
+    parser.add_argument("--address", default=None,
+                        help="a Ray cluster's address (default: RAY_ADDRESS, else local processes)")
     args = parser.parse_args(argv)
     cfg = FULL if args.full else QUICK
     start = time.perf_counter()
     trajectories = record(cfg)
     doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
-           **run_study(cfg, trajectories)}
+           **run_study(cfg, trajectories, address=args.address)}
     doc["wall_s"] = time.perf_counter() - start
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

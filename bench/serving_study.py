@@ -17,19 +17,18 @@ capacity comes from a plateau. The *saturation throughput*, threshold-free, is t
 rate seen in the search (an overloaded point serves at the system's limit). Over the seeds each
 capacity gets a 95% interval; the report calls overlapping intervals a tie. Fig. 2/13 come from span
 runs at the paper's rates; the sensitivity runs repeat one search with the per-step overhead and the
-attention terms at each factor. Every simulation is independent: they run in parallel processes, and
-finished points are cached (``.cache/serving/``) so a re-run resumes. Writes
-``results/serving.{json,md}`` and ``results/serving_*.png``.
+attention terms at each factor. Every simulation is independent: they run in parallel processes (or on a
+Ray cluster: ``--address`` or ``RAY_ADDRESS``), and finished points are cached (``.cache/serving/``) so a
+re-run resumes. Writes ``results/serving.{json,md}`` and ``results/serving_*.png``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, trace_spans, workloads
+from pagedbench.bench import arrivals, records, sweep_runner, trace_spans, workloads
 from pagedbench.bench import environment as env_mod
 from pagedbench.bench.capacity_search import find_capacity
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
@@ -155,23 +154,26 @@ def _low_key(p: Point) -> tuple:
     return p.setting.name, p.dataset.name, p.policy, p.seed, p.cost_scale
 
 
-def run_study(cfg: StudyConfig, *, progress: bool = True) -> dict:
+def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = None) -> dict:
+    """Every point of ``cfg`` (module docstring) on ``cfg.workers`` local processes, or on the Ray cluster at
+    ``address`` (or ``RAY_ADDRESS``; :mod:`pagedbench.bench.sweep_runner`)."""
     slots = {s.name: kv_slot_budget(load_model(s.model), load_hardware(s.hardware), cfg.gpu_memory_utilization)
              for s in cfg.settings}
     lows, bases, mem_jobs = plan(cfg, {k: v.num_slots for k, v in slots.items()})
     names = criteria(cfg.thresholds, cfg.slos)
-    with ProcessPoolExecutor(cfg.workers) as pool:
-        low_rows = dict(zip(map(_low_key, lows), pool.map(run_point, lows)))
-        jobs = [(b, low_rows[_low_key(b)]["normalized_latency_s"], names, cfg.bisection_steps) for b in bases]
-        results = []
-        for i, res in enumerate(pool.map(_search_job, jobs), 1):
-            results.append(res)
-            if progress:
-                caps = {k: (f"{v:.3g}" if v else "none") for k, v in res["capacity"].items()}
-                print(f"  [{i}/{len(jobs)}] {res['setting']} {res['dataset']} {res['policy']} {res['allocator']} "
-                      f"seed {res['seed']} {res['cost_scale'] or ''}: capacity {caps} req/s", flush=True)
-        memory = [{"setting": p.setting.name, "dataset": p.dataset.name, "allocator": p.allocator.name,
-                   "policy": p.policy, **row} for p, row in zip(mem_jobs, pool.map(run_point, mem_jobs))]
+    run = {"workers": cfg.workers, "address": address}
+    low_rows = dict(zip(map(_low_key, lows), sweep_runner.map_points(run_point, lows, **run)))
+    jobs = [(b, low_rows[_low_key(b)]["normalized_latency_s"], names, cfg.bisection_steps) for b in bases]
+    results = []
+    for i, res in enumerate(sweep_runner.imap_points(_search_job, jobs, **run), 1):
+        results.append(res)
+        if progress:
+            caps = {k: (f"{v:.3g}" if v else "none") for k, v in res["capacity"].items()}
+            print(f"  [{i}/{len(jobs)}] {res['setting']} {res['dataset']} {res['policy']} {res['allocator']} "
+                  f"seed {res['seed']} {res['cost_scale'] or ''}: capacity {caps} req/s", flush=True)
+    mem_rows = sweep_runner.map_points(run_point, mem_jobs, **run)
+    memory = [{"setting": p.setting.name, "dataset": p.dataset.name, "allocator": p.allocator.name,
+               "policy": p.policy, **row} for p, row in zip(mem_jobs, mem_rows)]
     prices = {s.name: load_hardware(s.hardware).price_per_gpu_hour_usd for s in cfg.settings}
     settings = {s.name: {"model": s.model, "hardware": s.hardware, "note": s.note,
                          "context": load_model(s.model).max_position_embeddings} for s in cfg.settings}
@@ -187,10 +189,13 @@ def main(argv: list[str]) -> None:
     from pagedbench.bench import serving_report
 
     parser = records.study_parser("python -m pagedbench.bench.serving_study", __doc__, CONFIG, env_mod.RESULTS_DIR)
+    parser.add_argument("--address", default=None,
+                        help="a Ray cluster's address (default: RAY_ADDRESS, else local processes)")
     args = parser.parse_args(argv)
     cfg = load_config(args.config, full=args.full)  # every bad value stops here, before anything is written
     start = time.perf_counter()
-    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(), **run_study(cfg)}
+    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
+           **run_study(cfg, address=args.address)}
     doc["wall_s"] = time.perf_counter() - start
     out = Path(args.out)
     text = serving_report.markdown(doc)

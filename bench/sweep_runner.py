@@ -4,7 +4,8 @@ A point is a pure function of its (picklable) inputs, as :func:`pagedbench.bench
 is: the same inputs give the same result wherever it runs, so a sweep's results do not depend on the
 backend, and a point's cache (keyed by the hash of its inputs) stays valid across machines.
 
-``map_points(fn, points)`` runs ``fn`` on each point and returns the results in the points' order:
+``map_points(fn, points)`` runs ``fn`` on each point and returns the results in the points' order
+(``imap_points`` yields them in that order as they come, for progress on a long sweep):
 
 - ``address=None`` and no ``RAY_ADDRESS`` in the environment: a :class:`ProcessPoolExecutor` of
   ``workers`` processes (one process: in this process);
@@ -20,7 +21,7 @@ with ``--address HEAD:6379`` (or ``RAY_ADDRESS=HEAD:6379``) from the head.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 
@@ -36,6 +37,13 @@ def map_points(fn: Callable, points: Sequence, *, workers: int = 1, address: str
     ``use_ray``: None decides by the address (or an already started Ray instance); True or False forces
     the backend.
     """
+    return list(imap_points(fn, points, workers=workers, address=address, use_ray=use_ray))
+
+
+def imap_points(fn: Callable, points: Sequence, *, workers: int = 1, address: str | None = None,
+                use_ray: bool | None = None) -> Iterator:
+    """:func:`map_points`, yielding each result in the points' order as soon as it and those before it are
+    done. Every point is submitted before the first result is yielded; the arguments are checked at the call."""
     points = list(points)
     if type(workers) is not int or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -45,9 +53,13 @@ def map_points(fn: Callable, points: Sequence, *, workers: int = 1, address: str
     if use_ray:
         return _map_ray(fn, points, address)
     if workers == 1 or len(points) <= 1:
-        return [fn(p) for p in points]
-    with ProcessPoolExecutor(min(workers, len(points))) as pool:
-        return list(pool.map(fn, points))
+        return map(fn, points)
+    return _map_pool(fn, points, min(workers, len(points)))
+
+
+def _map_pool(fn: Callable, points: list, workers: int) -> Iterator:
+    with ProcessPoolExecutor(workers) as pool:
+        yield from pool.map(fn, points)
 
 
 def _ray_started() -> bool:
@@ -58,7 +70,7 @@ def _ray_started() -> bool:
     return ray.is_initialized()
 
 
-def _map_ray(fn: Callable, points: list, address: str | None) -> list:
+def _map_ray(fn: Callable, points: list, address: str | None) -> Iterator:
     try:
         import ray
     except ImportError:
@@ -67,4 +79,5 @@ def _map_ray(fn: Callable, points: list, address: str | None) -> list:
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     remote = ray.remote(fn)
-    return ray.get([remote.remote(p) for p in points])
+    refs = [remote.remote(p) for p in points]
+    return (ray.get(ref) for ref in refs)
