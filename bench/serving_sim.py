@@ -357,8 +357,10 @@ class _Run:
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
             return False
-        if self.fast is not None and self.fast.advance(self):  # a run of decode steps at once
-            return True
+        if self.fast is not None:  # a run of decode steps at once
+            done = self.fast.advance(self)
+            if done is not None:
+                return self._count(self.clock.now(), done)
         try:
             report = core.step()
         except RuntimeError as e:  # the scheduler could not place the head of the queue at all
@@ -412,8 +414,14 @@ class _Run:
                 entry = timing.get(seq_id)
                 if entry is not None:
                     entry[2].append(report.end_s)
+        return self._count(report.end_s, done)
+
+    def _count(self, end: float, done: list[int]) -> bool:
+        """The overload test after a step ending at ``end`` that completed ``done`` (timing keys); False
+        when the run may stop. With nothing completed it changes nothing unless requests arrived since the
+        last call or the step is the first to end past the window (a fast-forwarded run ends there)."""
         w0, w1 = self.window
-        end = report.end_s
+        timing = self.timing
         for key in done:
             if key in timing:
                 self.num_measured_left -= 1
