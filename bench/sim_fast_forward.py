@@ -39,11 +39,12 @@ import operator
 from collections.abc import Callable
 
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
+from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
 
 _SEQ_ID = operator.attrgetter("seq_id")
 _FINISHED, _RUNNING = SequenceStatus.FINISHED, SequenceStatus.RUNNING
-FINISH, PREEMPT = "finish", "preempt"  # what a run's last step does besides decoding
+FINISH, PREEMPT, ADMIT = "finish", "preempt", "admit"  # what a run's last step does besides decoding
 MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as a run than as a real step
 
 
@@ -86,6 +87,8 @@ class FastForward:
         k_max = self._bound(run)
         if k_max < MIN_RUN:
             return None
+        if self.event is ADMIT:
+            return self._admitting_step(run)
         sched = self.sched
         running = sched.running
         b = len(running)
@@ -170,6 +173,7 @@ class FastForward:
         b = len(running)
         self.refused = None
         self.event = None
+        admits = False
         if not b or b > sched.max_num_batched_tokens:
             return 0
         # a queue's head that could be admitted ends the run before it starts: tested first, before the
@@ -179,9 +183,12 @@ class FastForward:
             seats_full = b + head.seats > sched.max_num_seqs
             no_budget = sched.policy == "mixed" and b == sched.max_num_batched_tokens
             if not (seats_full or no_budget):
-                if not self._refuses_now(head):
+                if self._refuses_now(head):
+                    self.refused = head
+                elif sched.policy == "mixed":  # the step's admission follows its decodes: see _admitting_step
+                    admits = True
+                else:
                     return 0
-                self.refused = head
         filler = self.executor.filler_token
         eos = sched.stop.eos_token_ids
         longest = 0
@@ -207,6 +214,12 @@ class FastForward:
         else:  # the reservations cover this many steps
             bm = self.bm
             first_take_refused = min(bm.reserved_tokens(s.seq_id) - a for s, a in zip(running, held))
+        if admits:  # one step, whose decodes take no block they would have to preempt for
+            if first_take_refused < 1 or k_len < 1:
+                return 0
+            self.event = ADMIT
+            self.finishers = [s for s, left in zip(running, lefts) if left == 0]
+            return 1
         k = min(k_len, first_finish, first_take_refused)
         if first_finish < first_take_refused and first_finish < k_len:
             self.event, k = FINISH, first_finish + 1  # the run ends with the step that finishes them
@@ -220,6 +233,7 @@ class FastForward:
         if self.event is FINISH:
             self.finishers = [s for s, left in zip(running, lefts) if left == first_finish]
         return k
+
     def _refuses_now(self, head) -> bool:
         """Whether the manager refuses ``head`` now, as its own ``can_allocate`` (or with prefix caching
         ``allocation_preview``) says. Free blocks only get fewer inside a run and a take that evicts one
@@ -356,13 +370,78 @@ class FastForward:
             s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
         return len(running)
 
-    def _apply(self, running, ends: list[int], k: int) -> None:
-        """The scheduler's and the block manager's state after ``k`` decode steps."""
+    def _admitting_step(self, run) -> list[int]:
+        """One step whose decodes take no block they would preempt for, and whose admission the
+        scheduler makes (``Scheduler._admit``, after the decodes' appends as in its own step: it may
+        admit several requests, or be refused); the admitted chunks' update is the scheduler's too.
+        The decodes' publications (prefix caching) and finishes come after the admission, in the
+        running order, as the step's update makes them. Returns the finished sequences' ids."""
+        sched, bm, bs, clock = self.sched, self.bm, self.bs, self.clock
+        running = sched.running
+        decoders = list(running)
+        ends = [a + 1 for a in self.held]
+        start = clock.now()
+        filler = self.executor.filler_token
+        self._apply(decoders, ends, 1, publish=False)
+        chunks: list = []
+        budget = sched._admit(chunks, sched.max_num_batched_tokens - len(decoders))
+        sched.peak_running = max(sched.peak_running, len(running))
+        run.peak_used = max(run.peak_used, bm.num_used_blocks)
+        lens, prefill = list(ends), []  # the step's shape (StepShape.of: decodes first)
+        for c in chunks:
+            if c.num_tokens == 1 and c.start >= c.seq.num_prompt_tokens:
+                lens.append(c.end)
+            else:
+                prefill.append((c.num_tokens, c.end))
+        clock.advance(self.executor.step_time_s(StepShape(tuple(prefill), tuple(lens))))
+        end = clock.now()
+        finished: list = []
+        if sched.prefix_caching:
+            finishing = {id(s) for s in self.finishers}
+            for s, e in zip(decoders, ends):
+                if e % bs == 0:
+                    bm.publish_blocks(s.seq_id, e)
+                if id(s) in finishing:
+                    sched._finish(s, filler, finished)
+        else:
+            for s in self.finishers:
+                sched._finish(s, filler, finished)
+        sampled = {}  # what the simulated executor samples for the admitted chunks
+        for c in chunks:
+            if c.samples:
+                for s in (c.seq, *c.seq.pending_children):
+                    sampled[s.seq_id] = filler
+        if finished:
+            running[:] = [s for s in running if s.status is not _FINISHED]
+        finished += sched.update(SchedulerOutput(tuple(chunks), (), (), sched.max_num_batched_tokens - budget
+                                                 - len(decoders)), sampled)
+        run.core.record_finished(finished, end)
+        timing = run.timing
+        if timing:
+            for s in decoders:
+                entry = timing.get(s.seq_id)
+                if entry is not None:
+                    entry[2].append(end)
+            for c in chunks:
+                entry = timing.get(c.seq.seq_id)
+                if entry is not None:
+                    if entry[1] is None:
+                        entry[1] = start
+                    if c.seq.seq_id in sampled:
+                        entry[2].append(end)
+        run.generated += len(decoders) + len(sampled)
+        run.num_steps += 1
+        run.peak = max(run.peak, len(running) + len(finished))
+        return [s.seq_id for s in finished]
+
+    def _apply(self, running, ends: list[int], k: int, publish: bool = True) -> None:
+        """The scheduler's and the block manager's state after ``k`` decode steps (``publish=False``:
+        without the publications of the blocks they fill, prefix caching)."""
         filler = self.executor.filler_token
         fill = [filler] * k
         if self.paged:  # each step's takes, then (prefix caching) its publications, as update makes them
             self.bm.append_token_rounds(list(map(_SEQ_ID, running)), filler, k,
-                                        publish_full_blocks=self.sched.prefix_caching)
+                                        publish_full_blocks=publish and self.sched.prefix_caching)
             for s in running:
                 s.token_ids.extend(fill)
                 s.num_computed_tokens = s.num_table_tokens = len(s.token_ids) - 1
