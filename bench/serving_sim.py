@@ -191,6 +191,7 @@ def constant_step(step_s: float) -> Callable[[StepShape], float]:
         return step_s
 
     step_time_s.decode_run = lambda context_lens: lambda j: step_s
+    step_time_s.constant_s = step_s  # whatever the shape (a fast-forward's runs need not build it)
     return step_time_s
 
 
@@ -441,6 +442,8 @@ class _Run:
         return not (self.cfg.span_s is not None and self.window_closed and self.num_measured_left == 0)
 
     def result(self) -> SimResult:
+        if self.fast is not None:
+            self.fast.end_session()
         m = max(self.num_measured, 1)
         shares = Shares(*(s / (m * self.total) for s in self.sums))
         lat = [(req.finish_s - r.arrival_s, r.output_len) for r, req in self.requests if req.finish_s is not None]
@@ -482,6 +485,8 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
     """
     run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
                prompt_tokens, make_manager, fast_forward, group)
+    if on_step is not None and run.fast is not None:
+        run.fast.lazy = False  # on_step may read the running sequences: each run leaves them told
     while run.step():
         if on_step is not None:
             on_step()

@@ -38,6 +38,7 @@ import math
 import operator
 from collections.abc import Callable
 
+from pagedbench.bench.sim_decode_session import DecodeSession
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
@@ -51,8 +52,8 @@ MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as 
 class FastForward:
     """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
 
-    __slots__ = ("bm", "bs", "clock", "decode_run", "event", "executor", "finishers", "held", "hit_blocks",
-                 "paged", "refused", "refused_last", "sched", "survivors", "victims")
+    __slots__ = ("bm", "bs", "clock", "decode_run", "event", "executor", "finishers", "held", "hit_blocks", "lazy",
+                 "paged", "refused", "refused_last", "sched", "session", "survivors", "victims")
 
     def __init__(self, run) -> None:
         self.sched = run.sched
@@ -74,6 +75,16 @@ class FastForward:
         self.victims: list[int] = []
         self.survivors = 0
         self.refused_last = 0
+        sched = self.sched
+        self.lazy = self.paged and not sched.prefix_caching and sched.policy == "mixed"
+        self.session = None
+
+    def end_session(self) -> None:
+        """Tell the running sequences every token a session kept from them (the state step-by-step
+        simulation has); call before anything else reads them."""
+        if self.session is not None:
+            self.session.end()
+            self.session = None
 
     @staticmethod
     def applies(run) -> bool:
@@ -84,6 +95,16 @@ class FastForward:
     def advance(self, run) -> list[int] | None:
         """Serve a run of at least ``MIN_RUN`` decode steps and return the ids of the sequences its last
         step finished (often none), or change nothing and return None."""
+        if self.lazy:  # runs at the cost of what changes (sim_decode_session), while it models them
+            if self.session is None:
+                session = DecodeSession(self, run)
+                if session.start():
+                    self.session = session
+            if self.session is not None:
+                done = self.session.advance(run)
+                if done is not None:
+                    return done
+                self.end_session()
         k_max = self._bound(run)
         if k_max < MIN_RUN:
             return None
@@ -92,39 +113,14 @@ class FastForward:
         sched = self.sched
         running = sched.running
         b = len(running)
-        clock = self.clock
-        next_arrival = run.pending[0].arrival_s if run.pending else math.inf
-        stop_after = math.inf if run.cfg.drain else run.window[1]
-        # the overload test of a step-by-step run may stop it after a step that ends past the window or
-        # that an arrival preceded (serving_sim._Run._count): the run ends with such a step
-        closes_window = math.inf if run.window_closed else run.window[1]
-        watch_arrivals = run.cfg.stop_on_overload
         ends = [a + 1 for a in self.held]  # each decode chunk's end (its context) at the run's start
         step_s = self.decode_run(tuple(ends))  # step j's duration
         event = self.event
         last = k_max - 1 if event is PREEMPT else -1  # the preempting step (fewer decode)
-        k = 0
-        step_ends = []  # each step's end: the time its tokens are out
-        while k < k_max:
-            cut = False
-            if k:
-                t = clock.now()
-                if t > stop_after:
-                    break
-                if t >= next_arrival:
-                    if not sched.waiting:
-                        break
-                    # behind a head that cannot be admitted, an arrival only joins the queue (a new
-                    # request is the youngest): the run goes on
-                    run._arrive()
-                    next_arrival = run.pending[0].arrival_s if run.pending else math.inf
-                    cut = watch_arrivals
-            # (the preempting step's duration asked for in its turn: a step-time function may watch the order)
-            clock.advance(self.decode_run(tuple(ends[:self.survivors]))(k) if k == last else step_s(k))
-            step_ends.append(clock.now())
-            k += 1
-            if cut or clock.now() > closes_window:
-                break
+        # (the preempting step's duration asked for in its turn: a step-time function may watch the order)
+        step_ends = clock_steps(run, k_max, lambda k: self.decode_run(tuple(ends[:self.survivors]))(k)
+                                if k == last else step_s(k))
+        k = len(step_ends)
         if k < k_max:
             event = None  # the run stopped before its last step
         rounds = k - 1 if event is PREEMPT else k  # steps every running sequence decodes
@@ -450,6 +446,42 @@ class FastForward:
             s.token_ids.extend(fill)
             self.bm.append_tokens(s.seq_id, s.token_ids[a:e - 1 + k])
             s.num_computed_tokens = s.num_table_tokens = e - 1 + k
+
+
+def clock_steps(run, k_max: int, duration: Callable[[int], float]) -> list[float]:
+    """Move the run's clock over up to ``k_max`` steps, step ``k`` lasting ``duration(k)``, with the
+    arrivals step-by-step simulation would see at each step's start; returns each step's end (the time
+    its tokens are out). Fewer steps when a step would start past the window without drain or at an
+    arrival with the queue empty (it could be admitted), or after a step that the overload test of a
+    step-by-step run would look at (``serving_sim._Run._count``): one that ends past the window, or
+    (``stop_on_overload``) one an arrival preceded."""
+    clock, sched = run.clock, run.sched
+    next_arrival = run.pending[0].arrival_s if run.pending else math.inf
+    stop_after = math.inf if run.cfg.drain else run.window[1]
+    closes_window = math.inf if run.window_closed else run.window[1]
+    watch_arrivals = run.cfg.stop_on_overload
+    k = 0
+    step_ends = []
+    while k < k_max:
+        cut = False
+        if k:
+            t = clock.now()
+            if t > stop_after:
+                break
+            if t >= next_arrival:
+                if not sched.waiting:
+                    break
+                # behind a head that cannot be admitted, an arrival only joins the queue (a new request
+                # is the youngest): the run goes on
+                run._arrive()
+                next_arrival = run.pending[0].arrival_s if run.pending else math.inf
+                cut = watch_arrivals
+        clock.advance(duration(k))
+        step_ends.append(clock.now())
+        k += 1
+        if cut or clock.now() > closes_window:
+            break
+    return step_ends
 
 
 def decode_run_of(step_time_s: Callable[[StepShape], float]) -> Callable[[tuple[int, ...]], Callable[[int], float]]:
