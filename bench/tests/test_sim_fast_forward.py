@@ -207,3 +207,18 @@ def test_a_run_behind_a_refused_head_ends_where_a_publication_could_give_it_a_hi
     assert ff._bound_by_new_hits([48, 60], 30) == 30  # past block 2 already
     ff.hit_blocks = (6, 100)  # (100 - 1) // 16 = 6 blocks are every hit a lookup may give
     assert ff._bound_by_new_hits([100], 30) == 30
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_identical_with_a_span_cool_down_and_the_overload_stop(stop, monkeypatch):
+    # the overload test reads every step: a run ends with the step that ends past the window, and (with
+    # stop_on_overload) with each step an arrival preceded, where step-by-step simulation may stop
+    trace = workloads.synthetic("sharegpt", 150, rate=30.0, seed=8, max_seq_len=1024)
+    span = trace[-1].arrival_s + 0.01
+    cfg = SimConfig(kv_slots=3000, max_seq_len=1024, max_num_seqs=64, span_s=span, cooldown_frac=0.3,
+                    stop_on_overload=stop)
+    slow, slow_shapes, slow_bm, slow_steps = _run(trace, AllocatorSpec("paged", 16), cfg, False, monkeypatch)
+    fast, fast_shapes, fast_bm, fast_steps = _run(trace, AllocatorSpec("paged", 16), cfg, True, monkeypatch)
+    assert fast_shapes == slow_shapes and fast == slow and fast_bm.metrics() == slow_bm.metrics()
+    assert slow.overload.overloaded and slow.overload.stopped_early == stop
+    assert fast_steps < slow_steps / 3

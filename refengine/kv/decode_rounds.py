@@ -123,28 +123,30 @@ class DecodeRounds:
         if len(ids) != len(cs):
             raise InvalidArgumentError(f"counts must give one count per sequence: {len(cs)} counts for {len(ids)} "
                                        "sequences")
-        for c in cs:
-            if type(c) is not int or c < 0:
-                raise InvalidArgumentError(f"counts must be ints >= 0, got {c!r}")
+        if cs and (set(map(type, cs)) != {int} or min(cs) < 0):  # at C speed
+            bad = next(c for c in cs if type(c) is not int or c < 0)
+            raise InvalidArgumentError(f"counts must be ints >= 0, got {bad!r}")
         try:
             seqs = [self._seqs[s] for s in ids]
         except (KeyError, TypeError):
             seqs = [self._get(s) for s in ids]  # raises the error that names the problem
         bs = self._block_size
-        lengths: dict[int, int] = {}  # each sequence's length as the pairs before grow it
+        # each pair's takes, from its sequence's length as the pairs before grew it
+        lengths: dict[int, int] | None = None if len(set(ids)) == len(ids) else {}
         takes = []
         for sid, seq, c in zip(ids, seqs, cs):
-            n = lengths.get(id(seq))
-            if n is None:
+            n = len(seq.token_ids) if lengths is None else lengths.get(id(seq))
+            if n is None or lengths is None:
                 n = len(seq.token_ids)
                 if n % bs and seq.blocks[-1].ref_count != 1:
                     raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
                                                "a copy-on-write is due, append one token at a time")
             takes.append((n + c + bs - 1) // bs - (n + bs - 1) // bs)
-            lengths[id(seq)] = n + c
+            if lengths is not None:
+                lengths[id(seq)] = n + c
         num_takes = sum(takes)
         if num_takes > len(self._free) + len(self._cached):
-            raise OutOfBlocksError(f"{sum(cs)} appends to {len(lengths)} sequences need {num_takes} new blocks "
+            raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
                                    f"but only {len(self._free) + len(self._cached)} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
             for sid, c in zip(ids, cs):
@@ -155,8 +157,10 @@ class DecodeRounds:
         for seq, c, t in zip(seqs, cs, takes):
             tokens = seq.token_ids
             n = len(tokens)
-            for _ in range(t):
-                seq.blocks.append(take())
+            if t:
+                blocks = seq.blocks
+                for _ in range(t):
+                    blocks.append(take())
             tokens.extend([token_id] * c)
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
