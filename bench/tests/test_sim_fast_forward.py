@@ -222,3 +222,36 @@ def test_identical_with_a_span_cool_down_and_the_overload_stop(stop, monkeypatch
     assert fast_shapes == slow_shapes and fast == slow and fast_bm.metrics() == slow_bm.metrics()
     assert slow.overload.overloaded and slow.overload.stopped_early == stop
     assert fast_steps < slow_steps / 3
+
+
+def _eventful(n: int, seed: int, block_size: int) -> tuple[Request, ...]:
+    """Short prompts and outputs (one token often) arriving fast into a small pool: steps that finish,
+    preempt and admit at once, and preemptions that free a block the same step's later takes need."""
+    rng = np.random.default_rng(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += float(rng.exponential(0.004))
+        prompt = int(rng.integers(1, 4 * block_size))
+        output = 1 if rng.random() < 0.25 else int(rng.integers(1, 16 * block_size))
+        out.append(Request(i, prompt, output, t))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_identical_on_eventful_traces(block_size, seed, monkeypatch):
+    trace = _eventful(150, seed, block_size)
+    cfg = SimConfig(kv_slots=60 * block_size, max_seq_len=20 * block_size, max_num_seqs=24, watermark=0.05)
+    result, _ = _check_identical(trace, AllocatorSpec("paged", block_size), cfg, monkeypatch, max_steps_share=0.5)
+    assert result.num_preemptions > 20
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("spec,policy", [(AllocatorSpec("paged", 4), "separate"), (AllocatorSpec("orca", 1), "mixed")])
+def test_identical_on_eventful_traces_without_the_session(spec, policy, seed, monkeypatch):
+    # the separate policy and Orca's reservations: runs that end with a finish (or, paged, a preemption)
+    trace = _eventful(150, seed, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, watermark=0.05, policy=policy)
+    result, _ = _check_identical(trace, spec, cfg, monkeypatch, max_steps_share=0.5)
+    # (Max reserves each request's whole length: it never preempts)
+    assert result.num_preemptions > 5 if spec.kind == "paged" else result.num_finished == len(trace)
