@@ -168,7 +168,7 @@ class DecodeSession:
             return self._admitting_step(run, first_last == 0)
         if refused_at < 0:
             event, k = ("finish", first_last + 1) if limit == first_last else (None, limit + 1)
-        elif refused_at < first_last and self._plan_preemption(g + refused_at, avail - used):
+        elif self._plan_preemption(g + refused_at, avail - used):  # (it may finish some too: first_last)
             event, k = "preempt", refused_at + 1
         else:
             k = refused_at
@@ -200,6 +200,8 @@ class DecodeSession:
             self.g += 1
             refusals += self.refused_last
             run.peak_used = max(run.peak_used, bm.num_used_blocks)
+            if first_last == rounds:  # the step's update finishes those it did not preempt
+                done = self._finish(run, g + rounds, step_ends[-1])
         elif event == "finish":
             done = self._finish(run, g + rounds - 1, step_ends[-1])
         if refusals:
