@@ -64,6 +64,10 @@ class DecodeSession:
         self.members: dict[int, _Member] = {}
         self.groups: list[list[_Member]] = [[] for _ in range(self.bs)]  # by take residue, running order
         self.lasts: list[tuple[int, int, int]] = []  # heap of (last step, request id, seq id)
+        # pairs for the block manager's next append_token_runs call (see _flush), and how many take a block
+        self.ids: list[int] = []
+        self.counts: list[int] = []
+        self.num_pending_takes = 0
 
     @staticmethod
     def eligible(sched, seq, filler: int) -> bool:
@@ -117,15 +121,9 @@ class DecodeSession:
 
     def end(self) -> None:
         """Tell every sequence its tokens: the scheduler's state is step-by-step simulation's again."""
-        ids, counts = [], []
         for m in self.members.values():
-            c = self._tell(m, self.g)
-            if c:
-                ids.append(m.sid)
-                counts.append(c)
-                m.told += c
-        if ids:
-            self.bm.append_token_runs(ids, counts, self.filler)
+            self._tell_table(m, self.g)
+        self._flush()
         self.members.clear()
 
     # --- a run ---------------------------------------------------------------------------------------
@@ -190,8 +188,9 @@ class DecodeSession:
         rounds = k - 1 if event == "preempt" else k
         self._takes(g, g + rounds)
         self.g = g + rounds
-        if bm.num_used_blocks > run.peak_used:
-            run.peak_used = bm.num_used_blocks
+        used = bm.num_used_blocks + self.num_pending_takes  # the most the run's steps hold before the last
+        if used > run.peak_used:
+            run.peak_used = used
         refusals = rounds if refused else 0
         generated = b * rounds
         done = []
@@ -204,6 +203,7 @@ class DecodeSession:
                 done = self._finish(run, g + rounds, step_ends[-1])
         elif event == "finish":
             done = self._finish(run, g + rounds - 1, step_ends[-1])
+        self._flush()
         if refusals:
             bm.record_refused_allocations(refusals)
         run.generated += generated
@@ -213,34 +213,51 @@ class DecodeSession:
 
     def _takes(self, g0: int, g1: int) -> None:
         """The block manager's takes of session steps ``[g0, g1)``: each taker told its tokens up to the
-        one its step appends (the one that starts its block), step by step, in the running order."""
-        ids, counts = [], []
+        one its step appends (the one that starts its block), step by step, in the running order (kept
+        in ``ids``/``counts`` until :meth:`_flush`, with any tokens told after them)."""
+        ids, counts = self.ids, self.counts
         groups, bs = self.groups, self.bs
+        before = len(ids)
         for g in range(g0, g1):
             for m in groups[g % bs]:
                 n = m.n0 + g - m.g0  # its tokens at step g's start: the step appends the n-th to its table
                 ids.append(m.sid)
                 counts.append(n - m.told)
                 m.told = n
-        if ids:
-            self.bm.append_token_runs(ids, counts, self.filler)
+        self.num_pending_takes += len(ids) - before
+
+    def _tell_table(self, m: _Member, g: int) -> None:
+        """:meth:`_tell` ``m`` the steps before session step ``g``, its table's tokens kept for :meth:`_flush`."""
+        c = self._tell(m, g)
+        if c:
+            self.ids.append(m.sid)
+            self.counts.append(c)
+            m.told += c
+
+    def _flush(self) -> None:
+        """The block manager told every pair kept, in order: one call."""
+        if self.ids:
+            self.bm.append_token_runs(self.ids, self.counts, self.filler)
+            self.ids, self.counts = [], []
+            self.num_pending_takes = 0
 
     def _finish(self, run, g: int, end: float) -> list[int]:
         """Finish the sequences whose last token session step ``g`` sampled (in the running order, as the
         step's update does)."""
         lasts, members = self.lasts, self.members
         finished: list = []
+        finishing = []
         while lasts and lasts[0][0] == g:
             _, _, sid = heapq.heappop(lasts)
             m = members.get(sid)
             if m is None or m.last != g:
                 continue
-            c = self._tell(m, g + 1)
-            if c:
-                self.bm.append_token_runs([sid], [c], self.filler)
-                m.told += c
+            self._tell_table(m, g + 1)
             self._leave(m)
-            self.sched._finish(m.seq, self.filler, finished)
+            finishing.append(m.seq)
+        self._flush()  # the step's takes, then each one's table told before its blocks are freed
+        for seq in finishing:
+            self.sched._finish(seq, self.filler, finished)
         running = self.sched.running
         running[:] = [s for s in running if s.status is not _FINISHED]
         run.core.record_finished(finished, end)
@@ -289,26 +306,30 @@ class DecodeSession:
         """Session step ``g`` as planned: each taker in the running order, and when it finds no free block
         the newest running sequence preempted (told its tokens, then the scheduler's own ``_preempt``).
         Returns how many decoded."""
-        sched, bm, members, filler = self.sched, self.bm, self.members, self.filler
+        sched, bm, members = self.sched, self.bm, self.members
         running = sched.running
         made = []
+        avail = bm.num_free_blocks - self.num_pending_takes
         for m in list(self.groups[g % self.bs]):
             if m.seq.status is not _RUNNING:
                 break
-            if bm.num_free_blocks == 0:
+            if avail == 0:
                 v = members[running[-1].seq_id]
-                c = self._tell(v, g)
-                if c:
-                    bm.append_token_runs([v.sid], [c], filler)
-                    v.told += c
+                self._tell_table(v, g)
+                self._flush()
                 self._leave(v)
                 sched._preempt(v.seq)
                 made.append(v.sid)
+                avail = bm.num_free_blocks
                 if v is m:
                     break
             n = m.n0 + g - m.g0
-            bm.append_token_runs([m.sid], [n - m.told], filler)
+            self.ids.append(m.sid)
+            self.counts.append(n - m.told)
+            self.num_pending_takes += 1
             m.told = n
+            avail -= 1
+        self._flush()
         if made != self.victims:
             raise AssertionError(f"decode session: planned preemptions {self.victims}, made {made}")
         return len(running)
@@ -324,6 +345,7 @@ class DecodeSession:
         b = len(running)
         start = clock.now()
         self._takes(g, g + 1)
+        self._flush()
         chunks: list = []
         budget = sched._admit(chunks, sched.max_num_batched_tokens - b)
         sched.peak_running = max(sched.peak_running, len(running))
