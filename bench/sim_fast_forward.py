@@ -3,29 +3,42 @@
 Between two events that can change a schedule, every step of a simulation is the same: each running
 sequence computes its last token and samples the next one. The events are an arrival, a finish, a
 preemption (an append with no free block), an admission and a prefill chunk. :meth:`FastForward.advance`
-finds how many such steps can pass before the first event, and applies them at once:
+finds how many such steps can pass before the first event, applies them at once, and serves the
+event's own step too when it is a finish, a preemption or an admission (``event``):
 
 - the clock moves step by step as before (each step's duration is ``step_time_s`` of that step's
   :class:`StepShape`, or the same float from the step-time function's own ``decode_run``, see
   :func:`decode_run_of`; added in the same order, so every timestamp is the same float), and the run stops
   before the first step that would start at or after the next arrival when the queue is empty (behind
   a head that cannot be admitted an arrival only queues, at the step it would), or past the window
-  without drain;
-- no sequence finishes inside the run (it stops the step before the first one would), and the run's
-  appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts;
+  without drain, and after a step the overload test of a step-by-step run would look at (one ending
+  past the window; with ``stop_on_overload`` one an arrival preceded: see :func:`clock_steps`);
+- no sequence finishes before the run's last step; when the first ones finish there (FINISH), the
+  step's update is the scheduler's (``Scheduler._finish`` in the running order, their blocks freed);
+- the run's appends are covered by free blocks (paged) or by the reservations (Orca), so none preempts
+  before its last step; there (PREEMPT, paged without a prefix cache) the step's decodes preempt the
+  newest running sequences as the scheduler's would (``_plan_preemption`` counts them in advance,
+  ``_preempting_step`` makes them with ``Scheduler._preempt``), if the queue's head is then refused;
 - the queue's head cannot be admitted on any of its steps: the queue is empty, the seats are taken
   (nothing frees one inside the run), in the mixed policy the decodes use the whole token budget, or
   the manager refuses it now (``can_allocate``; with prefix caching ``allocation_preview``, hits
   counted): free blocks only get fewer inside the run and an eviction only loses hits, so it is refused
   on every step, unless the run publishes the block its hits would go on with (the run ends at that
   step, see ``_bound_by_new_hits``); the manager counts one refused ``allocate`` per step
-  (``record_refused_allocations``);
+  (``record_refused_allocations``). A head the manager would take now (mixed policy) makes a run of one
+  step (ADMIT): its decodes' appends, then the scheduler's own ``_admit`` and ``update`` of what it
+  admitted (``_admitting_step``);
 - the block manager's calls leave the state the steps would leave: one ``append_token_rounds`` call
   (paged: the block manager takes the run's blocks round by round, within a round in the running
   order, and with prefix caching publishes after each round the blocks it filled, as the steps'
   ``append_token`` calls and the scheduler's ``publish_blocks`` after each step would); one
   ``append_tokens`` call per sequence (Orca: its reservation covers the run). Eviction, publication
   and block ids are those of step-by-step simulation.
+
+Paged without a prefix cache and with the mixed policy, the runs go through a
+:class:`~pagedbench.bench.sim_decode_session.DecodeSession`, which keeps the running sequences' tokens
+lazy from one run to the next, so that a run costs its steps, takes and events rather than a pass over
+the batch; it hands back to the plain runs here whenever it does not model a step.
 
 Anything else (a prefill chunk, a sequence of a parallel-sampling request, an executor replaying real
 tokens, a stop token equal to the filler) falls back to one real step. The simulator's memory
