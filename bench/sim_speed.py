@@ -167,7 +167,8 @@ def _single_steps_note(r: dict) -> list[str]:
                 "this trace."]
     return ["", f"Planned by the engine's own loop, a full step of the real scheduler as in step-by-step simulation: "
             f"{single:,} of {r['num_steps']:,} steps ({single / r['num_steps']:.1%}; those the fast-forward does not "
-            "model, such as a step that preempts and finishes at once). Every other step is in a run."]
+            "model, such as the first one, or a prompt's chunk when it spans several steps). Every other step is in "
+            "a run."]
 
 
 def main(argv: list[str]) -> None:
