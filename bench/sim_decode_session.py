@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 
+from pagedbench.bench.sim_run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
@@ -129,8 +130,6 @@ class DecodeSession:
     # --- a run ---------------------------------------------------------------------------------------
     def advance(self, run) -> list[int] | None:
         """Serve a run as :meth:`FastForward.advance` does; None (nothing changed) when it cannot."""
-        from pagedbench.bench.sim_fast_forward import clock_steps
-
         sched, bm, bs = self.sched, self.bm, self.bs
         running = sched.running
         b = len(running)
