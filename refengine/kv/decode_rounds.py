@@ -131,19 +131,19 @@ class DecodeRounds:
         except (KeyError, TypeError):
             seqs = [self._get(s) for s in ids]  # raises the error that names the problem
         bs = self._block_size
-        # each pair's takes, from its sequence's length as the pairs before grew it
-        lengths: dict[int, int] | None = None if len(set(ids)) == len(ids) else {}
-        takes = []
-        for sid, seq, c in zip(ids, seqs, cs):
-            n = len(seq.token_ids) if lengths is None else lengths.get(id(seq))
-            if n is None or lengths is None:
-                n = len(seq.token_ids)
-                if n % bs and seq.blocks[-1].ref_count != 1:
-                    raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
-                                               "a copy-on-write is due, append one token at a time")
-            takes.append((n + c + bs - 1) // bs - (n + bs - 1) // bs)
-            if lengths is not None:
-                lengths[id(seq)] = n + c
+        lengths = [len(seq.token_ids) for seq in seqs]
+        for sid, seq, n in zip(ids, seqs, lengths):
+            if n % bs and seq.blocks[-1].ref_count != 1:
+                raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
+                                           "a copy-on-write is due, append one token at a time")
+        if len(set(ids)) != len(ids):  # a sequence's later pairs start where its earlier ones end
+            grown: dict[int, int] = {}
+            for i, seq in enumerate(seqs):
+                n = grown.get(id(seq))
+                if n is not None:
+                    lengths[i] = n
+                grown[id(seq)] = lengths[i] + cs[i]
+        takes = [(n + c + bs - 1) // bs - (n + bs - 1) // bs for n, c in zip(lengths, cs)]
         num_takes = sum(takes)
         if num_takes > len(self._free) + len(self._cached):
             raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
@@ -154,14 +154,12 @@ class DecodeRounds:
                     self.append_token(sid, token_id)
             return
         take = self._take_fresh
-        for seq, c, t in zip(seqs, cs, takes):
-            tokens = seq.token_ids
-            n = len(tokens)
+        for seq, c, t, n in zip(seqs, cs, takes, lengths):
             if t:
                 blocks = seq.blocks
                 for _ in range(t):
                     blocks.append(take())
-            tokens.extend([token_id] * c)
+            seq.token_ids.extend([token_id] * c)
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
         self._table_blocks += num_takes
