@@ -255,3 +255,11 @@ def test_identical_on_eventful_traces_without_the_session(spec, policy, seed, mo
     result, _ = _check_identical(trace, spec, cfg, monkeypatch, max_steps_share=0.5)
     # (Max reserves each request's whole length: it never preempts)
     assert result.num_preemptions > 5 if spec.kind == "paged" else result.num_finished == len(trace)
+
+
+def test_identical_with_prompts_longer_than_a_steps_budget(monkeypatch):
+    # chunked prefill: an admitted prompt the step's budget cuts keeps the session from taking it in
+    trace = _eventful(150, 3, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, max_num_batched_tokens=24, watermark=0.05)
+    result, _ = _check_identical(trace, AllocatorSpec("paged", 4), cfg, monkeypatch, max_steps_share=0.5)
+    assert result.num_preemptions > 5
