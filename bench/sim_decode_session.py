@@ -30,7 +30,7 @@ from pagedbench.refengine.engine.core import StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
 
-_FINISHED, _RUNNING = SequenceStatus.FINISHED, SequenceStatus.RUNNING
+_RUNNING = SequenceStatus.RUNNING
 MAX_SCAN = 256  # the most steps a run looks ahead for its takes (a run cut short by an arrival wastes them)
 
 
