@@ -194,6 +194,7 @@ def constant_step(step_s: float) -> Callable[[StepShape], float]:
         return step_s
 
     step_time_s.decode_run = lambda context_lens: lambda j: step_s
+    step_time_s.constant_s = step_s  # whatever the shape (a fast-forward's runs need not build it)
     return step_time_s
 
 
@@ -371,8 +372,10 @@ class _Run:
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
             return False
-        if self.fast is not None and self.fast.advance(self):  # a run of decode steps at once
-            return True
+        if self.fast is not None:  # a run of decode steps at once
+            done = self.fast.advance(self)
+            if done is not None:
+                return self._count(self.clock.now(), done)
         try:
             report = core.step()
         except RuntimeError as e:  # the scheduler could not place the head of the queue at all
@@ -426,8 +429,14 @@ class _Run:
                 entry = timing.get(seq_id)
                 if entry is not None:
                     entry[2].append(report.end_s)
+        return self._count(report.end_s, done)
+
+    def _count(self, end: float, done: list[int]) -> bool:
+        """The overload test after a step ending at ``end`` that completed ``done`` (timing keys); False
+        when the run may stop. With nothing completed it changes nothing unless requests arrived since the
+        last call or the step is the first to end past the window (a fast-forwarded run ends there)."""
         w0, w1 = self.window
-        end = report.end_s
+        timing = self.timing
         for key in done:
             if key in timing:
                 self.num_measured_left -= 1
@@ -447,6 +456,8 @@ class _Run:
         return not (self.cfg.span_s is not None and self.window_closed and self.num_measured_left == 0)
 
     def result(self) -> SimResult:
+        if self.fast is not None:
+            self.fast.end_session()
         m = max(self.num_measured, 1)
         shares = Shares(*(s / (m * self.total) for s in self.sums))
         lat = [(req.finish_s - r.arrival_s, r.output_len) for r, req in self.requests if req.finish_s is not None]
@@ -488,6 +499,8 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
     """
     run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
                prompt_tokens, make_manager, fast_forward, group)
+    if on_step is not None and run.fast is not None:
+        run.fast.lazy = False  # on_step may read the running sequences: each run leaves them told
     while run.step():
         if on_step is not None:
             on_step()

@@ -189,9 +189,9 @@ def test_sim_speed_replays_the_block_managers_calls(tmp_path, monkeypatch):
     assert r["generated_tokens"] > 0 and r["block_manager_calls"] >= r["generated_tokens"] - 40
     assert r["simulation_wall_s"] > 0 and r["block_manager_wall_s"] > 0 and r["ratio"] > 0
     # two runs step by step (timed, recorded) and the fast-forward's steps served one at a time
-    assert real_steps[0] == 2 * r["num_steps"] + r["num_single_steps"] and r["num_runs"] > 0
+    assert real_steps[0] == 2 * r["num_steps"] + r["num_single_steps"] and r["num_single_steps"] < r["num_steps"]
     text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
-    assert f"Served one at a time: {r['num_single_steps']:,} of {r['num_steps']:,} steps" in text
+    assert f"{r['num_single_steps']:,} of {r['num_steps']:,} steps" in text
 
 
 @pytest.mark.parametrize(("line", "message"), [

@@ -207,3 +207,59 @@ def test_a_run_behind_a_refused_head_ends_where_a_publication_could_give_it_a_hi
     assert ff._bound_by_new_hits([48, 60], 30) == 30  # past block 2 already
     ff.hit_blocks = (6, 100)  # (100 - 1) // 16 = 6 blocks are every hit a lookup may give
     assert ff._bound_by_new_hits([100], 30) == 30
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_identical_with_a_span_cool_down_and_the_overload_stop(stop, monkeypatch):
+    # the overload test reads every step: a run ends with the step that ends past the window, and (with
+    # stop_on_overload) with each step an arrival preceded, where step-by-step simulation may stop
+    trace = workloads.synthetic("sharegpt", 150, rate=30.0, seed=8, max_seq_len=1024)
+    span = trace[-1].arrival_s + 0.01
+    cfg = SimConfig(kv_slots=3000, max_seq_len=1024, max_num_seqs=64, span_s=span, cooldown_frac=0.3,
+                    stop_on_overload=stop)
+    slow, slow_shapes, slow_bm, slow_steps = _run(trace, AllocatorSpec("paged", 16), cfg, False, monkeypatch)
+    fast, fast_shapes, fast_bm, fast_steps = _run(trace, AllocatorSpec("paged", 16), cfg, True, monkeypatch)
+    assert fast_shapes == slow_shapes and fast == slow and fast_bm.metrics() == slow_bm.metrics()
+    assert slow.overload.overloaded and slow.overload.stopped_early == stop
+    assert fast_steps < slow_steps / 3
+
+
+def _eventful(n: int, seed: int, block_size: int) -> tuple[Request, ...]:
+    """Short prompts and outputs (one token often) arriving fast into a small pool: steps that finish,
+    preempt and admit at once, and preemptions that free a block the same step's later takes need."""
+    rng = np.random.default_rng(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += float(rng.exponential(0.004))
+        prompt = int(rng.integers(1, 4 * block_size))
+        output = 1 if rng.random() < 0.25 else int(rng.integers(1, 16 * block_size))
+        out.append(Request(i, prompt, output, t))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_identical_on_eventful_traces(block_size, seed, monkeypatch):
+    trace = _eventful(150, seed, block_size)
+    cfg = SimConfig(kv_slots=60 * block_size, max_seq_len=20 * block_size, max_num_seqs=24, watermark=0.05)
+    result, _ = _check_identical(trace, AllocatorSpec("paged", block_size), cfg, monkeypatch, max_steps_share=0.5)
+    assert result.num_preemptions > 20
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("spec,policy", [(AllocatorSpec("paged", 4), "separate"), (AllocatorSpec("orca", 1), "mixed")])
+def test_identical_on_eventful_traces_without_the_session(spec, policy, seed, monkeypatch):
+    # the separate policy and Orca's reservations: runs that end with a finish (or, paged, a preemption)
+    trace = _eventful(150, seed, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, watermark=0.05, policy=policy)
+    result, _ = _check_identical(trace, spec, cfg, monkeypatch, max_steps_share=0.5)
+    # (Max reserves each request's whole length: it never preempts)
+    assert result.num_preemptions > 5 if spec.kind == "paged" else result.num_finished == len(trace)
+
+
+def test_identical_with_prompts_longer_than_a_steps_budget(monkeypatch):
+    # chunked prefill: an admitted prompt the step's budget cuts keeps the session from taking it in
+    trace = _eventful(150, 3, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, max_num_batched_tokens=24, watermark=0.05)
+    result, _ = _check_identical(trace, AllocatorSpec("paged", 4), cfg, monkeypatch, max_steps_share=0.5)
+    assert result.num_preemptions > 5

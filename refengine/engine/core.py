@@ -243,13 +243,18 @@ class EngineCore:
             self._roll_back()
             raise
         end = clock.now()
+        self.record_finished(finished, end)
+        return StepReport(out, result.sampled, tuple(finished), start, end)
+
+    def record_finished(self, finished: list[Sequence], end_s: float) -> None:
+        """Stamp sequences that finished in a step ending at ``end_s``, and forget the requests they
+        complete (also for a simulator that serves steps without :meth:`step`)."""
         requests = self.requests
         for seq in finished:
-            seq.finish_s = end
+            seq.finish_s = end_s
             req = requests.get(seq.request_id)
             if req is not None and req.finished:
                 del requests[seq.request_id]
-        return StepReport(out, result.sampled, tuple(finished), start, end)
 
     def _roll_back(self) -> None:
         seqs = self.scheduler.roll_back()

@@ -554,10 +554,18 @@ def _token_id(token_id: object) -> int:
 
 
 def _token_list(token_ids: Iterable[int]) -> list[int]:
-    """The prompt as a new list of ints, validated at C speed (``array`` does the checks)."""
+    """The prompt as a new list of ints, validated at C speed (plain ints by min and max, others by ``array``)."""
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
+    types = set(map(type, tokens))  # at C speed
+    if types == {int}:  # the common case, checked in two more passes (array's below make three)
+        lo, hi = min(tokens), max(tokens)
+        if lo < -(1 << 63) or hi >= 1 << 63:
+            raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63")
+        if lo < 0:
+            raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {lo}")
+        return tokens
     try:
         words = array("q", tokens)  # raises on a non-int or an id outside int64
     except TypeError:
@@ -568,8 +576,7 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
         raise InvalidArgumentError("a prompt needs at least 1 token, got 0")
     if min(words) < 0:
         raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {min(words)}")
-    types = set(map(type, tokens))  # at C speed; array("q") accepts bools, which are never tokens
-    if bool in types:
+    if bool in types:  # array("q") accepts bools, which are never tokens
         raise InvalidArgumentError("token ids must be ints, got a bool")
     if types != {int}:  # numpy or torch scalars: plain ints
         tokens = words.tolist()

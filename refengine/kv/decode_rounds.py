@@ -103,6 +103,68 @@ class DecodeRounds:
         self._table_blocks += num_takes
         self._live_tokens += m * num_rounds
 
+    def append_token_runs(self, seq_ids: Iterable[Hashable], counts: Iterable[int], token_id: int) -> None:
+        """``counts[i]`` calls ``append_token(seq_ids[i], token_id)``, pair after pair, in one call: the
+        same blocks taken in the same order and the same state and statistics, for a caller that knows
+        no copy-on-write is due. A sequence may come back in a later pair. The serving simulator tells
+        each sequence its decode steps' tokens late, in a pair that ends with the token starting a new
+        block, so that its takes keep their places among the other sequences' takes and frees; the
+        cost is one pass over the pairs plus one per block taken.
+
+        Raises, changing nothing: InvalidArgumentError for counts that are not ints >= 0 (or not one per
+        sequence) or when a sequence's partial last block is shared (a copy-on-write is due), and
+        OutOfBlocksError when the blocks every pair needs are not all free.
+        """
+        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
+            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
+
+            token_id = _token_id(token_id)
+        ids, cs = list(seq_ids), list(counts)
+        if len(ids) != len(cs):
+            raise InvalidArgumentError(f"counts must give one count per sequence: {len(cs)} counts for {len(ids)} "
+                                       "sequences")
+        if cs and (set(map(type, cs)) != {int} or min(cs) < 0):  # at C speed
+            bad = next(c for c in cs if type(c) is not int or c < 0)
+            raise InvalidArgumentError(f"counts must be ints >= 0, got {bad!r}")
+        try:
+            seqs = [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        bs = self._block_size
+        lengths = [len(seq.token_ids) for seq in seqs]
+        for sid, seq, n in zip(ids, seqs, lengths):
+            if n % bs and seq.blocks[-1].ref_count != 1:
+                raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
+                                           "a copy-on-write is due, append one token at a time")
+        if len(set(ids)) != len(ids):  # a sequence's later pairs start where its earlier ones end
+            grown: dict[int, int] = {}
+            for i, seq in enumerate(seqs):
+                n = grown.get(id(seq))
+                if n is not None:
+                    lengths[i] = n
+                grown[id(seq)] = lengths[i] + cs[i]
+        takes = [(n + c + bs - 1) // bs - (n + bs - 1) // bs for n, c in zip(lengths, cs)]
+        num_takes = sum(takes)
+        if num_takes > len(self._free) + len(self._cached):
+            raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
+                                   f"but only {len(self._free) + len(self._cached)} are free")
+        if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
+            for sid, c in zip(ids, cs):
+                for _ in range(c):
+                    self.append_token(sid, token_id)
+            return
+        take = self._take_fresh
+        for seq, c, t, n in zip(seqs, cs, takes, lengths):
+            if t:
+                blocks = seq.blocks
+                for _ in range(t):
+                    blocks.append(take())
+            seq.token_ids.extend([token_id] * c)
+            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
+                seq.num_computed = n + c
+        self._table_blocks += num_takes
+        self._live_tokens += sum(cs)
+
     def _rounds_one_by_one(self, ids: list, seqs: list, token_id: int, num_rounds: int,
                            publish_full_blocks: bool) -> None:
         """The rounds of :meth:`append_token_rounds` as calls, for sequences that publish as they append

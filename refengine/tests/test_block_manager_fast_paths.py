@@ -138,6 +138,59 @@ def test_refused_rounds_change_nothing():
     assert _state(bm, ["a", "b", "c"]) == before
 
 
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
+@pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("seed", range(4))
+def test_runs_equal_one_call_per_token(seed, prefix, publish, tight):
+    one, runs, ids = _pair(seed, prefix, publish)
+    if tight:
+        for bm in (one, runs):
+            _crowd(bm, seed, publish)
+    rng = random.Random(seed)
+    pairs, need, lengths = [], 0, {s: one.num_tokens(s) for s in ids}
+    for _ in range(40):  # sequences coming back, counts of 0 and across several blocks, as the pool allows
+        s, c = rng.choice(ids), rng.choice([0, 1, rng.randrange(1, 3 * one.block_size)])
+        more = -(-(lengths[s] + c) // one.block_size) - -(-lengths[s] // one.block_size)
+        if need + more <= one.num_free_blocks:
+            pairs.append((s, c))
+            need, lengths[s] = need + more, lengths[s] + c
+    for s, c in pairs:
+        for _ in range(c):
+            one.append_token(s, 7)
+    runs.append_token_runs([s for s, _ in pairs], [c for _, c in pairs], 7)
+    assert _state(runs, ids) == _state(one, ids)
+
+
+def test_runs_take_blocks_in_the_pairs_order():
+    bm = BlockManager(8, 2)
+    bm.allocate("a", [1, 2])
+    bm.allocate("b", [1])
+    bm.append_token_runs(["b", "a", "b", "a"], [1, 1, 2, 2], 0)  # b fills; a takes 2; b takes 3; a fills 2, takes 4
+    assert bm.block_table("a") == [0, 2, 4] and bm.block_table("b") == [1, 3]
+    assert bm.token_ids("b") == [1, 0, 0, 0] and bm.num_live_tokens == 9
+
+
+def test_refused_runs_change_nothing():
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1] * 4)
+    bm.allocate("b", [1] * 5)
+    bm.fork("b", "c")
+    before = _state(bm, ["a", "b", "c"])
+    with pytest.raises(OutOfBlocksError, match="6 appends to 1 sequences need 2 new blocks but only 1"):
+        bm.append_token_runs(["a", "a"], [1, 5], 0)
+    with pytest.raises(InvalidArgumentError, match="one count per sequence: 1 counts for 2"):
+        bm.append_token_runs(["a", "b"], [1], 0)
+    with pytest.raises(InvalidArgumentError, match="counts must be ints >= 0, got -1"):
+        bm.append_token_runs(["a"], [-1], 0)
+    with pytest.raises(UnknownSequenceError, match="unknown sequence 'd'"):
+        bm.append_token_runs(["a", "d"], [1, 1], 0)
+    with pytest.raises(InvalidArgumentError, match="token id must be"):
+        bm.append_token_runs(["a"], [1], -3)
+    with pytest.raises(InvalidArgumentError, match="shares its last block"):
+        bm.append_token_runs(["a", "c"], [1, 1], 0)
+    assert _state(bm, ["a", "b", "c"]) == before
+
+
 def test_a_prompt_list_is_copied():
     prompt = [1, 2, 3]
     bm = BlockManager(4, 2)
