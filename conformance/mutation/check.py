@@ -118,6 +118,11 @@ TARGETS = (
         ),
     ),
     Target(
+        "refengine/kv/decode_rounds.py",
+        ("compare_boundary", "const_off_by_one", "ref_count_off_by_one"),
+        ("refengine/tests/test_block_manager_fast_paths.py", "bench/tests/test_sim_fast_forward.py"),
+    ),
+    Target(
         "refengine/engine/scheduler.py",
         ("compare_boundary", "preempt_oldest", "budget_not_charged"),
         ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"),
