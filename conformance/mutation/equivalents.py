@@ -10,6 +10,13 @@ from __future__ import annotations
 from pagedbench.conformance.mutation.operators import Mutant
 
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    ("refengine/kv/decode_rounds.py", "append_token_rounds", "compare_boundary", "if first <= num_rounds:"): (
+        "with first == num_rounds the sequence's takes are range(2 * num_rounds * m + i, span, stride) with "
+        "span = 2 * num_rounds * m: an empty range, so no take is added and num_takes grows by 0"
+    ),
+    ("refengine/kv/decode_rounds.py", "append_token_rounds", "compare_boundary", "if upto >= seq.num_computed:"): (
+        "when upto equals num_computed the assignment stores the value it already holds"
+    ),
     ("refengine/kv/block_manager.py", "_publish", "compare_boundary", "if i > upto_blocks:"): (
         "with i == upto_blocks the early return is skipped, but the rest publishes nothing (the loop runs "
         "while i < upto_blocks) and stores back the same num_published, chain hash and chain key"

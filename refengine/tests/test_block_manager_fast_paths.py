@@ -182,6 +182,8 @@ def test_refused_runs_change_nothing():
         bm.append_token_runs(["a", "b"], [1], 0)
     with pytest.raises(InvalidArgumentError, match="counts must be ints >= 0, got -1"):
         bm.append_token_runs(["a"], [-1], 0)
+    with pytest.raises(InvalidArgumentError, match="counts must be ints >= 0, got -1"):  # the bad one, not the 0
+        bm.append_token_runs(["a", "b"], [0, -1], 0)
     with pytest.raises(UnknownSequenceError, match="unknown sequence 'd'"):
         bm.append_token_runs(["a", "d"], [1, 1], 0)
     with pytest.raises(InvalidArgumentError, match="token id must be"):
