@@ -10,6 +10,15 @@ from __future__ import annotations
 from pagedbench.conformance.mutation.operators import Mutant
 
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    ("refengine/kv/block_manager.py", "append_tokens", "compare_boundary",
+     "if set(map(type, new)) != {int} or min(new) <= 0 or max(new) >= _MAX_TOKEN: # at C speed"): (
+        "a run holding token 0 then takes the slow path, which checks every token with _token_id (0 passes) and "
+        "makes the same list of plain ints: the same tokens appended, only slower"
+    ),
+    ("refengine/engine/scheduler.py", "_admit", "compare_boundary",
+     "if size >= 1 and not self._fits_together(group):"): (
+        "for a lone waiting sequence the branch sets group, size = group[:1], 1: the values they already hold"
+    ),
     ("refengine/kv/decode_rounds.py", "append_token_rounds", "compare_boundary", "if first <= num_rounds:"): (
         "with first == num_rounds the sequence's takes are range(2 * num_rounds * m + i, span, stride) with "
         "span = 2 * num_rounds * m: an empty range, so no take is added and num_takes grows by 0"

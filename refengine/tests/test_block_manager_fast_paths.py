@@ -242,3 +242,32 @@ def test_allocation_preview_says_what_allocate_does(seed):
         one.allocation_preview([1], reserve_free_blocks=-1)
     with pytest.raises(InvalidArgumentError, match="cache_salt"):
         one.allocation_preview([1], cache_salt=3)
+
+
+def test_append_tokens_to_a_block_boundary_and_into_the_last_free_block():
+    """A run of appends ending on a block boundary takes no block for the token after it, and one that needs
+    exactly the free blocks gets them."""
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1, 2, 3])
+    bm.append_tokens("a", [4, 5, 6, 7, 8])  # 8 tokens: two full blocks
+    assert len(bm.block_table("a")) == 2 and bm.num_free_blocks == 2
+    bm.append_tokens("a", [9] * 8)  # two more blocks: every free one
+    assert len(bm.block_table("a")) == 4 and bm.num_free_blocks == 0 and bm.token_ids("a")[-1] == 9
+    bm.check_invariants()
+
+
+def test_append_tokens_refuses_a_token_id_past_the_largest():
+    from pagedbench.refengine.kv.prefix_hash import MAX_TOKEN_ID
+
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1, 2, 3])
+    with pytest.raises(InvalidArgumentError, match="token id"):
+        bm.append_tokens("a", [5, MAX_TOKEN_ID])
+    assert bm.token_ids("a") == [1, 2, 3] and bm.num_free_blocks == 3
+    bm.append_tokens("a", [MAX_TOKEN_ID - 1])  # the largest there is
+
+
+def test_recording_no_refused_allocation_is_allowed():
+    bm = BlockManager(2, 4)
+    bm.record_refused_allocations(0)
+    assert bm.metrics().failed_allocations == 0

@@ -137,6 +137,23 @@ def test_scheduler_preempts_and_readmits_a_request_all_or_nothing():
     bm.check_invariants()
 
 
+def test_the_only_running_request_is_preempted_whole():
+    """When the newest request is the only one running (a parallel-sampling group), preemption takes every
+    sequence of it, the first in the running list included, not just its tail."""
+    bm, sched = make_scheduler(3, 2)
+    parent = make_seq(1, 4, n=3)  # 2 full blocks, shared by the 3 children: each decode needs a block
+    parent.pending_children = [Sequence(i, 1, i - 1, list(parent.token_ids), 4, parent.params, None)
+                               for i in (2, 3)]
+    sched.add(parent)
+    run_step(sched)
+    assert [s.seq_id for s in sched.running] == [1, 2, 3] and bm.num_free_blocks == 1
+    out, _ = run_step(sched)  # seq 1 takes the last block, seq 2 finds none: the whole request goes
+    assert out.preempted_seq_ids == (1, 2, 3)
+    # recomputed apart the three can never fit together: they come back one by one, seq 1 at once (its
+    # prompt's blocks still cached, only its last token to compute)
+    assert plan(out) == [(1, 4, 1)] and [s.seq_id for s in sched.waiting] == [2, 3]
+
+
 def test_scheduler_admits_a_request_whole_or_not_at_all():
     """A preempted request whose sequences fit the pool together waits until all of them fit; the refused
     attempt takes nothing."""
