@@ -131,6 +131,9 @@ def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
         f"Share of the real makespan inside engine steps: "
         f"{', '.join(f'{x:.1%}' for x in mk['share_inside_steps'])}; CPU time / wall time of the steps: "
         f"{', '.join(f'{x:.1%}' for x in mk['cpu_share_of_wall'])} (calibration: {cal_cpu_share:.1%}).", "",
+        "This trace arrives at once (an offline batch). The same model checked online, under Poisson arrivals "
+        "in real time at a low rate and near saturation (TTFT, TPOT and E2E per percentile, KS statistics): "
+        "[calibration_online.md](calibration_online.md), written by `calibrate_online` from this file.", "",
     ]
 
 

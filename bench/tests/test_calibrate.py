@@ -68,7 +68,7 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     assert record["validity"]["valid"] == (lat["goal_met"] and v["schedule"]["same_steps"])
     md = (out / "calibration.md").read_text()
     for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan",
-                    "## Waking an idle engine"):
+                    "## Waking an idle engine", "[calibration_online.md](calibration_online.md)"):
         assert heading in md
     wake = cal["wake"]  # the quick grid's waits, each with its pairs per step
     assert wake["gaps_s"] == [0.005, 0.02] and [[len(s) for s in g] for g in wake["pairs"]] == [[2, 2], [2, 2]]
