@@ -39,6 +39,7 @@ from pagedbench.bench.calibrate_steps import (
     TimedStep,
     calibration_steps,
     constant_fit,
+    decode_errors_since_prefill,
     error_summary,
     fit,
     fit_errors,
@@ -135,6 +136,7 @@ def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float) -> d
         "host_share_median": float(np.median([1.0 - s.execute_s / s.step_s for s in steps])),
         "cpu_share_of_wall": sum(s.cpu_s for s in steps) / sum(s.step_s for s in steps),
         "samples": [_sample_row(s, costs["wall"]) for s in steps],
+        "decode_since_prefill": decode_errors_since_prefill(costs["wall"], [steps]),
     }
 
 

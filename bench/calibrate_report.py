@@ -161,6 +161,31 @@ def _variants_table(record: dict) -> list[str]:
     ]
 
 
+def _since_prefill_table(record: dict) -> list[str]:
+    grid, trace = record["calibration"].get("decode_since_prefill"), record["validation"].get("decode_since_prefill")
+    if not grid or not trace:  # a record written before this diagnostic
+        return []
+
+    def cells(row: dict) -> tuple:
+        if not row["num_steps"]:
+            return 0, "-", "-"
+        return row["num_steps"], _pct(row["median_signed"]), f"{row['median_step_s'] * 1e3:.2f} ms"
+
+    rows = [(g["since_prefill"], *cells(g), *cells(t)) for g, t in zip(grid, trace)]
+    return [
+        "## Decode steps by their distance from a prefill", "",
+        "The fitted model's signed error (predicted / measured - 1) on decode-only steps, by how many decode "
+        "steps have run since the last step with a prefill chunk (1: the step right after it): on the grid "
+        "(its samples) and on the validation trace's two real runs (out of sample). The model prices a step "
+        "by its shape alone, so a trend down the rows is a cost that depends on what ran before it, which no "
+        "shape shows. The grid's decode stretches are short (a prompt joins every few steps), an offline "
+        "batch's tail and a lightly loaded server's are long: where long stretches run faster than the "
+        "grid's short ones, the model over-predicts them.", "",
+        tabulate(rows, ["decode steps since a prefill", "grid: steps", "grid: median error", "grid: median step",
+                        "trace: steps", "trace: median error", "trace: median step"], tablefmt="github"), "",
+    ]
+
+
 def render_markdown(record: dict) -> str:
     load = record["machine_load"]
     validity = record["validity"]
@@ -177,6 +202,7 @@ def render_markdown(record: dict) -> str:
         *_wake_table(record["calibration"].get("wake")),
         *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
         *_variants_table(record),
+        *_since_prefill_table(record),
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",
     ]
     return "\n".join(lines)

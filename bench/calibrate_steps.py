@@ -248,6 +248,36 @@ def fit_errors(cost: StepCostModel | BatchedStepCost, steps: Sequence[TimedStep]
     return {"all": error_summary(errors), **{k: error_summary(errors[kinds == k]) for k in KINDS}}
 
 
+#: buckets of "decode steps since the last step with a prefill chunk" (1: the decode step right after it)
+SINCE_PREFILL = ((1, 1), (2, 2), (3, 3), (4, 7), (8, None))
+
+
+def decode_errors_since_prefill(cost, runs: Sequence[Sequence[TimedStep]], clock: str = "wall") -> list[dict]:
+    """``cost``'s relative error on the decode-only steps of ``runs`` (each in step order), by how many decode
+    steps have run since the last step with a prefill chunk (a run's first steps before any prefill count
+    as far from one). The model prices a step by its shape alone: a trend down the buckets is a cost that
+    depends on what ran before, which no shape shows."""
+    since, rows = [], []
+    for steps in runs:
+        n = 1 << 30
+        for s in steps:
+            if s.kind != "decode":
+                n = 0
+                continue
+            n += 1
+            since.append(n)
+            rows.append((cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) - 1.0, s.seconds(clock)))
+    since_a, err = np.array(since), np.array(rows).reshape(-1, 2)
+    out = []
+    for lo, hi in SINCE_PREFILL:
+        mask = (since_a >= lo) & (since_a <= (hi if hi is not None else since_a.max(initial=0)))
+        label = str(lo) if hi == lo else (f"{lo}-{hi}" if hi is not None else f"{lo}+")
+        out.append({"since_prefill": label, "num_steps": int(mask.sum()),
+                    "median_signed": float(np.median(err[mask, 0])) if mask.any() else None,
+                    "median_step_s": float(np.median(err[mask, 1])) if mask.any() else None})
+    return out
+
+
 def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
     """The one step time closest to every step (least squares on relative error): the baseline a
     step-cost model must beat."""

@@ -22,7 +22,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from pagedbench.bench import workloads
 from pagedbench.bench.calibrate_config import CalibrateConfig, EngineSpec, ValidationSpec
-from pagedbench.bench.calibrate_steps import TimedStep, build_engine, error_summary, run_engine, step_batch
+from pagedbench.bench.calibrate_steps import (
+    TimedStep,
+    build_engine,
+    decode_errors_since_prefill,
+    error_summary,
+    run_engine,
+    step_batch,
+)
 from pagedbench.bench.costmodel import StepCostModel
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
@@ -148,6 +155,7 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
                      "same_tokens_in_real_runs": a.output_token_ids == b.output_token_ids},
         **section,
         "step_error": step_errors(cost, (a, b), "wall"),
+        "decode_since_prefill": decode_errors_since_prefill(cost, (a.steps, b.steps)),
         "requests": [{"request_id": i, "prompt_len": len(p), "output_len": o, "real_a_s": x, "real_b_s": y,
                       "sim_s": s, "rel_error": s / (0.5 * (x + y)) - 1.0, "real_spread": abs(x - y) / (0.5 * (x + y))}
                      for i, (p, o, x, y, s) in enumerate(rows)],

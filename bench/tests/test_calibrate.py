@@ -14,7 +14,14 @@ import yaml
 from pagedbench.bench import calibrate
 from pagedbench.bench.calibrate_config import CONFIG, join_pairs, load_config
 from pagedbench.bench.calibrate_report import write_atomic
-from pagedbench.bench.calibrate_steps import StepGrid, build_engine, run_engine, step_batch
+from pagedbench.bench.calibrate_steps import (
+    StepGrid,
+    TimedStep,
+    build_engine,
+    decode_errors_since_prefill,
+    run_engine,
+    step_batch,
+)
 from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
 from pagedbench.bench.costmodel import ProfileError, StepBatch
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
@@ -68,8 +75,12 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     assert record["validity"]["valid"] == (lat["goal_met"] and v["schedule"]["same_steps"])
     md = (out / "calibration.md").read_text()
     for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan",
-                    "## Waking an idle engine", "[calibration_online.md](calibration_online.md)"):
+                    "## Waking an idle engine", "[calibration_online.md](calibration_online.md)",
+                    "## Decode steps by their distance from a prefill"):
         assert heading in md
+    decodes = sum(s["kind"] == "decode" for s in cal["samples"])
+    assert sum(r["num_steps"] for r in cal["decode_since_prefill"]) == decodes  # each grid decode in one bucket
+    assert [r["since_prefill"] for r in v["decode_since_prefill"]] == ["1", "2", "3", "4-7", "8+"]
     wake = cal["wake"]  # the quick grid's waits, each with its pairs per step
     assert wake["gaps_s"] == [0.005, 0.02] and [[len(s) for s in g] for g in wake["pairs"]] == [[2, 2], [2, 2]]
     assert wake["extra_s"] == [[pytest.approx(float(np.median([a - w for w, a in s]))) for s in g]
@@ -228,3 +239,31 @@ def test_atomic_write_keeps_the_old_file_when_the_replace_fails(tmp_path, monkey
 def test_step_batch_counts_a_chunks_cached_context_without_the_chunk():
     shape = StepShape(((5, 5), (3, 8)), (6, 9))  # a whole prompt; a second chunk after 5 cached tokens
     assert step_batch(shape) == StepBatch.of(decode_context_lens=(6, 9), prefill_chunks=((5, 0), (3, 5)))
+
+
+class _Flat:
+    """A model that prices every step at 2 ms."""
+
+    def step_time_s(self, batch) -> float:
+        return 0.002
+
+
+def _timed(kind: str, seconds: float) -> TimedStep:
+    shape = {"decode": StepShape((), (5, 9)), "prefill": StepShape(((4, 4),), ()),
+             "mixed": StepShape(((3, 3),), (7,))}[kind]
+    return TimedStep(shape, seconds, seconds, seconds, 0.0)
+
+
+def test_decode_errors_are_bucketed_by_the_decode_steps_since_a_prefill():
+    run_a = [_timed("prefill", 0.009), _timed("decode", 0.004), _timed("decode", 0.002), _timed("mixed", 0.008),
+             _timed("decode", 0.001), *[_timed("decode", 0.0025)] * 9]
+    run_b = [_timed("decode", 0.001), _timed("decode", 0.001)]  # no prefill before them: far from one
+    rows = {r["since_prefill"]: r for r in decode_errors_since_prefill(_Flat(), [run_a, run_b])}
+    assert [r for r in rows] == ["1", "2", "3", "4-7", "8+"]
+    assert rows["1"]["num_steps"] == 2  # right after the prefill, and right after the mixed step
+    assert rows["1"]["median_signed"] == pytest.approx(((0.002 / 0.004 - 1) + (0.002 / 0.001 - 1)) / 2)
+    assert rows["2"]["num_steps"] == 2 and rows["2"]["median_signed"] == pytest.approx((0.0 + 0.002 / 0.0025 - 1) / 2)
+    assert rows["3"]["num_steps"] == 1 and rows["3"]["median_step_s"] == pytest.approx(0.0025)
+    assert rows["4-7"]["num_steps"] == 4
+    assert rows["8+"]["num_steps"] == 3 + 2  # run_a's 8th-10th step after the mixed one, and run_b's two
+    assert sum(r["num_steps"] for r in rows.values()) == 14
