@@ -264,6 +264,9 @@ class Scheduler:
                 pairs = self.block_manager.append_token(seq.seq_id, seq.token_ids[-1])
             except OutOfBlocksError:
                 group = self._newest_group()
+                if copies:  # a victim's copy-on-write made earlier in this pass is into a block it now frees
+                    doomed = {b for victim in group for b in self.block_manager.block_table(victim.seq_id)}
+                    copies[:] = [c for c in copies if c.dst not in doomed]
                 for victim in group:
                     self._preempt(victim)
                     preempted.append(victim.seq_id)

@@ -129,6 +129,7 @@ def test_scheduler_preempts_and_readmits_a_request_all_or_nothing():
     # seq 0 takes a block, seq 1 copies its shared block on write, seq 2 finds none: request 1 goes whole
     assert out.preempted_seq_ids == (1, 2, 3)
     assert plan(out) == [(0, 4, 1)]  # seq 1's decode, planned before seq 2 failed, is dropped
+    assert out.copies == ()  # and so is its copy-on-write: its destination went back to the pool
     assert [s.seq_id for s in sched.waiting] == [1, 2, 3] and [s.seq_id for s in finished] == [0]
     assert bm.num_free_blocks == 6
     out, _ = run_step(sched)
