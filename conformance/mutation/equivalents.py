@@ -10,6 +10,12 @@ from __future__ import annotations
 from pagedbench.conformance.mutation.operators import Mutant
 
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    ("kernels/cache_kernels.py", "_to_fp8_e4m3", "compare_boundary",
+     "return tl.where(tl.abs(x) > 0.015625, normal, subnormal).to(dtype)"): (
+        "at |x| = 2^-6 exactly both branches give x: the normal rounding keeps its bits (no mantissa bits "
+        "below the three kept), and 2^-6 is a multiple of the subnormal step 2^-9, which the magic-number "
+        "addition rounds to exactly"
+    ),
     ("refengine/kv/block_manager.py", "append_tokens", "compare_boundary",
      "if set(map(type, new)) != {int} or min(new) <= 0 or max(new) >= _MAX_TOKEN: # at C speed"): (
         "a run holding token 0 then takes the slow path, which checks every token with _token_id (0 passes) and "

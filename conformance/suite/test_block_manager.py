@@ -79,6 +79,7 @@ def test_allocate_rejects_bad_seq_id(bm, seq_id, error, match):
     ([], "a prompt needs at least 1 token, got 0"),
     ([1, -1], r"token ids must be in \[0, 2\*\*63\), got -1"),
     ([1, 2**63], r"token ids must be in \[0, 2\*\*63\), got one >= 2\*\*63"),
+    ([1, -(2**64)], r"token ids must be in \[0, 2\*\*63\), got -18446744073709551616"),  # past int64 too
     ([1, 2.5], "token_ids must be a sequence of ints"),
     ("abc", "token_ids must be a sequence of ints, got str"),
     ([1, True, 2], "token ids must be ints, got a bool"),

@@ -561,10 +561,10 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
     types = set(map(type, tokens))  # at C speed
     if types == {int}:  # the common case, checked in two more passes (array's below make three)
         lo, hi = min(tokens), max(tokens)
-        if lo < -(1 << 63) or hi >= 1 << 63:
-            raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63")
         if lo < 0:
             raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {lo}")
+        if hi >= 1 << 63:
+            raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63")
         return tokens
     try:
         words = array("q", tokens)  # raises on a non-int or an id outside int64

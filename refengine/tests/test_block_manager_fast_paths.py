@@ -256,6 +256,26 @@ def test_append_tokens_to_a_block_boundary_and_into_the_last_free_block():
     bm.check_invariants()
 
 
+def test_append_tokens_refuses_a_shared_last_block_and_changes_nothing():
+    """A forked child's partly filled last block is shared: appending in bulk would write into its sibling's
+    block, so it is refused (append_token copies it on write first); a shared full block is no reason."""
+    bm = BlockManager(8, 4)
+    bm.allocate("a", [1, 2, 3, 4, 5, 6])  # one full block, one with 2 of 4 slots
+    bm.fork("a", "b")
+    before = _state(bm, ["a", "b"])
+    with pytest.raises(InvalidArgumentError, match="shares its last block"):
+        bm.append_tokens("b", [7])
+    assert _state(bm, ["a", "b"]) == before
+    assert bm.append_token("b", 7)  # copied on write: b's last block is its own now
+    bm.append_tokens("b", [8, 9])
+    assert bm.token_ids("b")[-3:] == [7, 8, 9] and bm.token_ids("a") == [1, 2, 3, 4, 5, 6]
+    bm.allocate("c", [1, 2, 3, 4])  # one full block
+    bm.fork("c", "d")
+    bm.append_tokens("d", [5])  # its next token starts a block of its own: nothing shared is written
+    assert bm.block_table("d")[0] == bm.block_table("c")[0] and len(bm.block_table("d")) == 2
+    bm.check_invariants()
+
+
 def test_append_tokens_refuses_a_token_id_past_the_largest():
     from pagedbench.refengine.kv.prefix_hash import MAX_TOKEN_ID
 

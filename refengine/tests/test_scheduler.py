@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pagedbench.refengine import BlockManager, SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
-from pagedbench.refengine.engine.sequence import Sequence
+from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 
 
 def make_scheduler(num_blocks: int, block_size: int, *, max_num_seqs=8, max_num_batched_tokens=64):
@@ -130,6 +130,7 @@ def test_scheduler_preempts_and_readmits_a_request_all_or_nothing():
     assert out.preempted_seq_ids == (1, 2, 3)
     assert plan(out) == [(0, 4, 1)]  # seq 1's decode, planned before seq 2 failed, is dropped
     assert out.copies == ()  # and so is its copy-on-write: its destination went back to the pool
+    assert out.num_batched_tokens == 1  # and the token it was charged
     assert [s.seq_id for s in sched.waiting] == [1, 2, 3] and [s.seq_id for s in finished] == [0]
     assert bm.num_free_blocks == 6
     out, _ = run_step(sched)
@@ -214,3 +215,42 @@ def test_forked_children_reach_max_model_len_like_their_parent():
     _, finished = run_step(sched)
     assert sorted(s.seq_id for s in finished) == [0, 10, 11]
     assert {(len(s.token_ids), s.finish_reason) for s in finished} == {(6, "length")}
+
+
+def test_a_readmitted_group_past_the_token_budget_waits_for_its_chunk():
+    """A preempted group comes back whole, but members past the step's token budget get no chunk (never an
+    empty one): they compute in the next step."""
+    _, sched = make_scheduler(6, 2)
+    sched.add(make_seq(0, 4, max_tokens=2))
+    parent = make_seq(1, 3, n=3)
+    parent.pending_children = [Sequence(i, 1, i - 1, list(parent.token_ids), 3, parent.params, None)
+                               for i in (2, 3)]
+    sched.add(parent)
+    run_step(sched)
+    out, _ = run_step(sched)
+    assert out.preempted_seq_ids == (1, 2, 3)
+    sched.max_num_batched_tokens = 4  # room for two of the three members' 2-token chunks
+    out, _ = run_step(sched)
+    assert plan(out) == [(1, 2, 2), (2, 2, 2)] and out.num_batched_tokens == 4
+    assert [s.seq_id for s in sched.running] == [1, 2, 3] and not sched.waiting
+    out, _ = run_step(sched)
+    assert (3, 2, 2) in plan(out)
+
+
+@pytest.mark.parametrize("stop", ["eos", "stop"])
+def test_min_tokens_ends_a_sequence_on_the_token_that_reaches_it(stop):
+    """An EOS or stop token ends nothing before min_tokens output tokens, and ends the sequence on the very
+    token that makes min_tokens."""
+    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, stop=StopRule(frozenset({99}), 64),
+                      prefix_caching=True)
+    params = SamplingParams(max_tokens=6, min_tokens=2, ignore_eos=False,
+                            stop_token_ids=[98] if stop == "stop" else ())
+    seq = Sequence(0, 0, 0, [5, 6, 7], 3, params, None)
+    sched.add(seq)
+    token = 99 if stop == "eos" else 98
+    _, finished = run_step(sched, token)  # the first output token: below min_tokens
+    assert finished == [] and seq.status is not SequenceStatus.FINISHED
+    _, finished = run_step(sched, token)  # the second: min_tokens reached, and it ends the sequence
+    assert [s.seq_id for s in finished] == [0] and seq.finish_reason == stop
+    assert len(seq.token_ids) - 3 == 2 and bm.num_free_blocks == 8
