@@ -181,7 +181,7 @@ class BlockManager(DecodeRounds):
                 self._cached.remove(b)
                 revived += 1
             b.ref_count += 1
-        blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
+        blocks = hits + self._take_fresh_many(num_fresh)
         self._live_tokens += len(tokens) - (len(hits) - revived) * bs
         self._table_blocks += len(blocks)
         num_computed = len(tokens) if publish else len(hits) * bs
@@ -318,15 +318,20 @@ class BlockManager(DecodeRounds):
         """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
         self._get(seq_id)
         seq = self._seqs.pop(seq_id)
-        free, cached, blocks, bs = self._free, self._cached, seq.blocks, self._block_size
+        blocks, bs = seq.blocks, self._block_size
         self._table_blocks -= len(blocks)
-        last = len(blocks) - 1
-        for i in range(last, -1, -1):
-            b = blocks[i]
+        released, cached = [], []  # tail first, each into its queue in one pass
+        for b in reversed(blocks):
             b.ref_count -= 1
             if b.ref_count == 0:
-                (free if b.block_hash is None else cached).append(b)
-                self._live_tokens -= bs if i < last else len(seq.token_ids) - last * bs
+                (released if b.block_hash is None else cached).append(b)
+        num = len(released) + len(cached)
+        if num:  # a block's tokens go with its last table (the last block holds the partial rest)
+            last_tokens = bs if blocks[-1].ref_count else len(seq.token_ids) - (len(blocks) - 1) * bs
+            self._live_tokens -= (num - 1) * bs + last_tokens
+            self._free.extend(released)
+            if cached:
+                self._cached.extend(cached)
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """Physical block ids of the sequence, in logical order (a new list)."""
@@ -453,6 +458,12 @@ class BlockManager(DecodeRounds):
         num_fresh = -(-len(tokens) // self._block_size) - len(hits)
         available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
         return hits, chain_hash, chain_key, num_fresh, available
+
+    def _take_fresh_many(self, n: int) -> list[KVBlock]:
+        """``n`` calls of :meth:`_take_fresh`, in one pass while the uncached queue covers them."""
+        if n <= len(self._free):
+            return self._free.popleft_many(n)
+        return [self._take_fresh() for _ in range(n)]
 
     def _take_fresh(self) -> KVBlock:
         """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""

@@ -131,39 +131,53 @@ class DecodeRounds:
         except (KeyError, TypeError):
             seqs = [self._get(s) for s in ids]  # raises the error that names the problem
         bs = self._block_size
-        lengths = [len(seq.token_ids) for seq in seqs]
-        for sid, seq, n in zip(ids, seqs, lengths):
-            if n % bs and seq.blocks[-1].ref_count != 1:
+        # one pass: each pair's tokens appended (a sequence's later pairs start where its earlier ones
+        # end) and its takes counted; undone if a check fails
+        lengths, takes = [], []
+        forked = self._forks  # only a fork shares a partial block (a prefix hit is a full one, never the last)
+        for seq, c in zip(seqs, cs):
+            tokens = seq.token_ids
+            n = len(tokens)
+            if forked and n % bs and seq.blocks[-1].ref_count != 1 and n <= len(seq.blocks) * bs:  # (else past it)
+                self._undo_runs(seqs, lengths)
+                sid = ids[len(lengths)]
                 raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
                                            "a copy-on-write is due, append one token at a time")
-        if len(set(ids)) != len(ids):  # a sequence's later pairs start where its earlier ones end
-            grown: dict[int, int] = {}
-            for i, seq in enumerate(seqs):
-                n = grown.get(id(seq))
-                if n is not None:
-                    lengths[i] = n
-                grown[id(seq)] = lengths[i] + cs[i]
-        takes = [(n + c + bs - 1) // bs - (n + bs - 1) // bs for n, c in zip(lengths, cs)]
+            lengths.append(n)
+            takes.append((n + c - 1) // bs - (n - 1) // bs)  # blocks for tokens [n, n + c) (n >= 1)
+            if c:
+                tokens += [token_id] * c
         num_takes = sum(takes)
         if num_takes > len(self._free) + len(self._cached):
+            self._undo_runs(seqs, lengths)
             raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
                                    f"but only {len(self._free) + len(self._cached)} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
+            self._undo_runs(seqs, lengths)
             for sid, c in zip(ids, cs):
                 for _ in range(c):
                     self.append_token(sid, token_id)
             return
-        take = self._take_fresh
+        taken = self._take_fresh_many(num_takes)  # in the pairs' order, as their calls take them
+        i = 0
         for seq, c, t, n in zip(seqs, cs, takes, lengths):
             if t:
-                blocks = seq.blocks
-                for _ in range(t):
-                    blocks.append(take())
-            seq.token_ids.extend([token_id] * c)
+                if t == 1:
+                    seq.blocks.append(taken[i])
+                else:
+                    seq.blocks += taken[i:i + t]
+                i += t
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
         self._table_blocks += num_takes
         self._live_tokens += sum(cs)
+
+    @staticmethod
+    def _undo_runs(seqs: list, lengths: list[int]) -> None:
+        """Give the first ``len(lengths)`` pairs' sequences back the tokens they had (a sequence's first pair
+        found the fewest: its later pairs' cuts change nothing)."""
+        for seq, n in zip(seqs, lengths):
+            del seq.token_ids[n:]
 
     def _rounds_one_by_one(self, ids: list, seqs: list, token_id: int, num_rounds: int,
                            publish_full_blocks: bool) -> None:

@@ -17,7 +17,8 @@ an empty neighbour::
 
 Eviction order: the head is the least recently freed block. The block manager frees a sequence's
 blocks tail first, so a chain's tail sits nearer the head than its own head and is evicted first.
-``popleft``, ``append`` and ``remove`` are O(1) and allocate nothing.
+``popleft``, ``append`` and ``remove`` are O(1) and allocate nothing; ``popleft_many`` and ``extend`` are
+their batches, one pass over the blocks.
 """
 
 from __future__ import annotations
@@ -82,6 +83,42 @@ class FreeBlockQueue:
         b.in_free_queue = False
         self._len -= 1
         return b
+
+    def popleft_many(self, n: int) -> list[KVBlock]:
+        """The ``n`` least recently appended blocks, in the order ``n`` calls of :meth:`popleft` take them,
+        each with ``ref_count`` 1 (for a caller handing them to block tables at once: a batch of takes
+        costs one pass, not two calls a block). Raises IndexError, taking none, when fewer are queued."""
+        if n > self._len:
+            raise IndexError(f"popleft_many({n}) from a FreeBlockQueue of {self._len}")
+        out = []
+        b = self._head.next_free
+        for _ in range(n):
+            out.append(b)
+            nxt = b.next_free
+            b.prev_free = b.next_free = None
+            b.in_free_queue = False
+            b.ref_count = 1
+            b = nxt
+        self._head.next_free = b
+        b.prev_free = self._head
+        self._len -= n
+        return out
+
+    def extend(self, blocks: list[KVBlock]) -> None:
+        """:meth:`append` each of ``blocks`` in order (one pass). Raises AssertionError, appending none,
+        when one of them is in a free queue already."""
+        if any(b.in_free_queue for b in blocks):
+            b = next(b for b in blocks if b.in_free_queue)
+            raise AssertionError(f"block {b.block_id} appended to a free queue twice")
+        last = self._tail.prev_free
+        for b in blocks:
+            last.next_free = b
+            b.prev_free = last
+            b.in_free_queue = True
+            last = b
+        last.next_free = self._tail
+        self._tail.prev_free = last
+        self._len += len(blocks)
 
     def peekleft(self) -> KVBlock | None:
         """The block ``popleft`` would return, or None when empty."""

@@ -18,9 +18,9 @@ def _state(bm: BlockManager, ids) -> tuple:
             bm.metrics())
 
 
-def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockManager, list[int]]:
-    """Two managers brought to one state: sequences of random lengths (a few sharing prompts, forks,
-    some freed so that free and cached blocks interleave)."""
+def _pair(seed: int, prefix: bool, publish: bool, fork: bool = True) -> tuple[BlockManager, BlockManager, list[int]]:
+    """Two managers brought to one state: sequences of random lengths (a few sharing prompts, a fork unless
+    ``fork=False``, some freed so that free and cached blocks interleave)."""
     rng = random.Random(seed)
     bs = rng.choice([2, 4, 16])
     pair = BlockManager(300, bs, enable_prefix_caching=prefix), BlockManager(300, bs, enable_prefix_caching=prefix)
@@ -41,9 +41,10 @@ def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockMa
     for bm in pair:  # a child whose last block is shared: only a full one lets rounds start
         while bm.num_tokens(parent) % bs:
             bm.append_token(parent, 1)
-    for bm in pair:
-        bm.fork(parent, 100)
-    ids.append(100)
+    if fork:
+        for bm in pair:
+            bm.fork(parent, 100)
+        ids.append(100)
     rng.shuffle(ids)
     return *pair, ids
 
@@ -138,11 +139,12 @@ def test_refused_rounds_change_nothing():
     assert _state(bm, ["a", "b", "c"]) == before
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "unforked"])  # (unforked: no shared-block pass)
 @pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
 @pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("seed", range(4))
-def test_runs_equal_one_call_per_token(seed, prefix, publish, tight):
-    one, runs, ids = _pair(seed, prefix, publish)
+def test_runs_equal_one_call_per_token(seed, prefix, publish, tight, fork):
+    one, runs, ids = _pair(seed, prefix, publish, fork)
     if tight:
         for bm in (one, runs):
             _crowd(bm, seed, publish)
@@ -170,6 +172,20 @@ def test_runs_take_blocks_in_the_pairs_order():
     assert bm.token_ids("b") == [1, 0, 0, 0] and bm.num_live_tokens == 9
 
 
+def test_runs_past_a_shared_full_block():
+    """A forked table's full last block is shared, but the pairs' next token starts a block of its own: a
+    sequence coming back in a later pair writes into that new block, nothing shared."""
+    one, runs = BlockManager(8, 4), BlockManager(8, 4)
+    for bm in (one, runs):
+        bm.allocate("a", [1] * 4)
+        bm.fork("a", "b")
+    for s, c in [("b", 1), ("a", 2), ("b", 2)]:
+        for _ in range(c):
+            one.append_token(s, 0)
+    runs.append_token_runs(["b", "a", "b"], [1, 2, 2], 0)
+    assert _state(runs, ["a", "b"]) == _state(one, ["a", "b"])
+
+
 def test_refused_runs_change_nothing():
     bm = BlockManager(4, 4)
     bm.allocate("a", [1] * 4)
@@ -191,6 +207,15 @@ def test_refused_runs_change_nothing():
     with pytest.raises(InvalidArgumentError, match="shares its last block"):
         bm.append_token_runs(["a", "c"], [1, 1], 0)
     assert _state(bm, ["a", "b", "c"]) == before
+    bm = BlockManager(4, 4)  # no fork: the tokens of pairs counted before the refusal are taken back
+    bm.allocate("x", [1] * 3)
+    bm.allocate("y", [1] * 6)
+    before = _state(bm, ["x", "y"])
+    with pytest.raises(OutOfBlocksError, match="15 appends to 2 sequences need 4 new blocks but only 1"):
+        bm.append_token_runs(["y", "x", "y", "x"], [2, 1, 7, 5], 0)
+    with pytest.raises(InvalidArgumentError, match="counts must be ints >= 0"):
+        bm.append_token_runs(["x", "y"], [3, 1.0], 0)
+    assert _state(bm, ["x", "y"]) == before
 
 
 def test_a_prompt_list_is_copied():
