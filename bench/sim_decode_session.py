@@ -173,8 +173,7 @@ class DecodeSession:
             return None
         last = k - 1 if event == "preempt" else -1
         if self.constant_s is not None:
-            c = self.constant_s
-            duration = lambda j: c  # noqa: E731
+            duration = float(self.constant_s)
         else:
             ends = [m.n0 + g - m.g0 for m in map(members.__getitem__, (s.seq_id for s in running))]
             step_s = self.ff.decode_run(tuple(ends))
