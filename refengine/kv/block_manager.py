@@ -456,7 +456,9 @@ class BlockManager(DecodeRounds):
         if self.enable_prefix_caching:
             hits, chain_hash, chain_key = self._lookup(tokens, salt)
         num_fresh = -(-len(tokens) // self._block_size) - len(hits)
-        available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
+        available = len(self._free) + len(self._cached)
+        if hits:
+            available -= sum(1 for b in hits if b.ref_count == 0)
         return hits, chain_hash, chain_key, num_fresh, available
 
     def _take_fresh_many(self, n: int) -> list[KVBlock]:
