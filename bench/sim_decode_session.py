@@ -35,17 +35,16 @@ MAX_SCAN = 256  # the most steps a run looks ahead for its takes (a run cut shor
 
 
 class _Member:
-    """A running sequence of the session: told its tokens up to session step ``g0`` (``n0`` of them),
-    its block manager table ``told`` tokens (blocks taken for every step up to ``g0`` and beyond)."""
+    """A running sequence of the session: told its tokens up to session step ``g0`` (``n0`` of them); its
+    block manager table holds its tokens up to the last block it took (at least ``n0 - 1``)."""
 
-    __slots__ = ("entry", "g0", "last", "n0", "seq", "sid", "told")
+    __slots__ = ("entry", "g0", "last", "n0", "seq", "sid")
 
     def __init__(self, seq, g0: int, entry) -> None:
         self.seq = seq
         self.sid = seq.seq_id
         self.g0 = g0
         self.n0 = n = len(seq.token_ids)
-        self.told = n - 1
         self.entry = entry  # its timing entry (serving_sim), None when it is not measured
         self.last = g0 + seq.params.max_tokens - (n - seq.num_prompt_tokens) - 1  # the step that finishes it
 
@@ -64,11 +63,13 @@ class DecodeSession:
         self.step_ends: list[float] = []  # each session step's end
         self.members: dict[int, _Member] = {}
         self.groups: list[list[_Member]] = [[] for _ in range(self.bs)]  # by take residue, running order
+        self.group_ids: list[list[int]] = [[] for _ in range(self.bs)]  # their seq ids (a step's takes)
         self.lasts: list[tuple[int, int, int]] = []  # heap of (last step, request id, seq id)
-        # pairs for the block manager's next append_token_runs call (see _flush), and how many take a block
+        # the takes for the block manager's next append_token_takes call, then the tables told tokens that
+        # take no block (append_token_runs): see _flush
         self.ids: list[int] = []
-        self.counts: list[int] = []
-        self.num_pending_takes = 0
+        self.tell_ids: list[int] = []
+        self.tell_counts: list[int] = []
 
     @staticmethod
     def eligible(sched, seq, filler: int) -> bool:
@@ -94,21 +95,24 @@ class DecodeSession:
     def _join(self, seq) -> None:
         m = _Member(seq, self.g, self.timing.get(seq.seq_id))
         self.members[m.sid] = m
-        group = self.groups[(m.g0 - m.n0 + 1) % self.bs]
+        r = (m.g0 - m.n0 + 1) % self.bs
+        group = self.groups[r]
         rid = seq.request_id
         i = len(group)
         while i and group[i - 1].seq.request_id > rid:  # a new sequence is most often the newest
             i -= 1
         group.insert(i, m)
+        self.group_ids[r].insert(i, m.sid)
         heapq.heappush(self.lasts, (m.last, rid, m.sid))
 
     def _leave(self, m: _Member) -> None:
         del self.members[m.sid]
-        self.groups[(m.g0 - m.n0 + 1) % self.bs].remove(m)
+        r = (m.g0 - m.n0 + 1) % self.bs
+        i = self.groups[r].index(m)
+        del self.groups[r][i], self.group_ids[r][i]
 
-    def _tell(self, m: _Member, g: int) -> int:
-        """Tell ``m``'s sequence (tokens, counts, token times) the steps before session step ``g``;
-        returns the tokens its block manager table still has to be told (taking no block)."""
+    def _tell(self, m: _Member, g: int) -> None:
+        """Tell ``m``'s sequence (tokens, counts, token times) the steps before session step ``g``."""
         add = g - m.g0
         seq = m.seq
         if add:
@@ -118,7 +122,6 @@ class DecodeSession:
             m.n0 += add
             m.g0 = g
         seq.num_computed_tokens = seq.num_table_tokens = m.n0 - 1
-        return m.n0 - 1 - m.told
 
     def end(self) -> None:
         """Tell every sequence its tokens: the scheduler's state is step-by-step simulation's again."""
@@ -186,7 +189,7 @@ class DecodeSession:
         rounds = k - 1 if event == "preempt" else k
         self._takes(g, g + rounds)
         self.g = g + rounds
-        used = bm.num_used_blocks + self.num_pending_takes  # the most the run's steps hold before the last
+        used = bm.num_used_blocks + len(self.ids)  # the most the run's steps hold before the last
         if used > run.peak_used:
             run.peak_used = used
         refusals = rounds if refused else 0
@@ -210,34 +213,33 @@ class DecodeSession:
         return done
 
     def _takes(self, g0: int, g1: int) -> None:
-        """The block manager's takes of session steps ``[g0, g1)``: each taker told its tokens up to the
-        one its step appends (the one that starts its block), step by step, in the running order (kept
-        in ``ids``/``counts`` until :meth:`_flush`, with any tokens told after them)."""
-        ids, counts = self.ids, self.counts
-        groups, bs = self.groups, self.bs
-        before = len(ids)
+        """The block manager's takes of session steps ``[g0, g1)``, step by step, in the running order: each
+        taker's table is told its tokens up to the one its step appends (the one that starts its block),
+        which the block manager counts from the table (kept in ``ids`` until :meth:`_flush`)."""
+        ids, group_ids, bs = self.ids, self.group_ids, self.bs
         for g in range(g0, g1):
-            for m in groups[g % bs]:
-                n = m.n0 + g - m.g0  # its tokens at step g's start: the step appends the n-th to its table
-                ids.append(m.sid)
-                counts.append(n - m.told)
-                m.told = n
-        self.num_pending_takes += len(ids) - before
+            ids += group_ids[g % bs]
 
     def _tell_table(self, m: _Member, g: int) -> None:
-        """:meth:`_tell` ``m`` the steps before session step ``g``, its table's tokens kept for :meth:`_flush`."""
-        c = self._tell(m, g)
+        """:meth:`_tell` ``m`` the steps before session step ``g``, and keep the tokens its table has yet to
+        be told for :meth:`_flush` (after the takes kept, which are made first: the table's count is then
+        the block manager's)."""
+        self._tell(m, g)
+        if self.ids:
+            self._flush()
+        c = m.n0 - 1 - self.bm.num_tokens(m.sid)
         if c:
-            self.ids.append(m.sid)
-            self.counts.append(c)
-            m.told += c
+            self.tell_ids.append(m.sid)
+            self.tell_counts.append(c)
 
     def _flush(self) -> None:
-        """The block manager told every pair kept, in order: one call."""
+        """The block manager told the takes kept, in order, then the tokens kept that take no block."""
         if self.ids:
-            self.bm.append_token_runs(self.ids, self.counts, self.filler)
-            self.ids, self.counts = [], []
-            self.num_pending_takes = 0
+            self.bm.append_token_takes(self.ids, self.filler)
+            self.ids = []
+        if self.tell_ids:
+            self.bm.append_token_runs(self.tell_ids, self.tell_counts, self.filler)
+            self.tell_ids, self.tell_counts = [], []
 
     def _finish(self, run, g: int, end: float) -> list[int]:
         """Finish the sequences whose last token session step ``g`` sampled (in the running order, as the
@@ -308,7 +310,7 @@ class DecodeSession:
         sched, bm, members = self.sched, self.bm, self.members
         running = sched.running
         made = []
-        avail = bm.num_free_blocks - self.num_pending_takes
+        avail = bm.num_free_blocks - len(self.ids)
         for m in list(self.groups[g % self.bs]):
             if m.seq.status is not _RUNNING:
                 break
@@ -322,11 +324,7 @@ class DecodeSession:
                 avail = bm.num_free_blocks
                 if v is m:
                     break
-            n = m.n0 + g - m.g0
             self.ids.append(m.sid)
-            self.counts.append(n - m.told)
-            self.num_pending_takes += 1
-            m.told = n
             avail -= 1
         self._flush()
         if made != self.victims:

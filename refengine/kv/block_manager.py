@@ -320,6 +320,10 @@ class BlockManager(DecodeRounds):
         seq = self._seqs.pop(seq_id)
         blocks, bs = seq.blocks, self._block_size
         self._table_blocks -= len(blocks)
+        if not self._forks and not self.enable_prefix_caching:  # every block its own, none cached: all go
+            self._free.extend(blocks[::-1], release=True)
+            self._live_tokens -= len(seq.token_ids)
+            return
         released, cached = [], []  # tail first, each into its queue in one pass
         for b in reversed(blocks):
             b.ref_count -= 1

@@ -172,6 +172,54 @@ class DecodeRounds:
         self._table_blocks += num_takes
         self._live_tokens += sum(cs)
 
+    def append_token_takes(self, seq_ids: Iterable[Hashable], token_id: int) -> None:
+        """For each of ``seq_ids`` in order, ``append_token(seq_id, token_id)`` calls up to and including the
+        first that takes a block (``-n % block_size + 1`` of them for a table of ``n`` tokens): one block per
+        id, in the ids' order, the same state and statistics, for a caller that knows no copy-on-write is
+        due. A sequence may come back (its next block). The serving simulator's decode session tells each
+        running sequence its tokens late, up to the one that starts its next block, in the order the steps
+        take those blocks: it knows the order, and the counts follow from the tables.
+
+        Raises, changing nothing: InvalidArgumentError when a sequence's partial last block is shared (a
+        copy-on-write is due), OutOfBlocksError when fewer blocks than ids are free.
+        """
+        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
+            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
+
+            token_id = _token_id(token_id)
+        ids = list(seq_ids)
+        try:
+            seqs = [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        bs = self._block_size
+        if self._forks:  # only a fork shares a partial block (a prefix hit is a full one, never the last)
+            for sid, seq in zip(ids, seqs):  # (a sequence's later ids find the block its first one took)
+                if len(seq.token_ids) % bs and seq.blocks[-1].ref_count != 1:
+                    raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
+                                               "a copy-on-write is due, append one token at a time")
+        num = len(ids)
+        if num > len(self._free) + len(self._cached):
+            raise OutOfBlocksError(f"{num} appends up to a new block need {num} new blocks but only "
+                                   f"{len(self._free) + len(self._cached)} are free")
+        if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
+            for sid, seq in zip(ids, seqs):
+                for _ in range(-len(seq.token_ids) % bs + 1):
+                    self.append_token(sid, token_id)
+            return
+        live = 0
+        for seq, block in zip(seqs, self._take_fresh_many(num)):
+            tokens = seq.token_ids
+            n = len(tokens)
+            c = -n % bs + 1
+            tokens += [token_id] * c
+            seq.blocks.append(block)
+            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
+                seq.num_computed = n + c
+            live += c
+        self._table_blocks += num
+        self._live_tokens += live
+
     @staticmethod
     def _undo_runs(seqs: list, lengths: list[int]) -> None:
         """Give the first ``len(lengths)`` pairs' sequences back the tokens they had (a sequence's first pair

@@ -23,6 +23,7 @@ their batches, one pass over the blocks.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -49,6 +50,9 @@ class KVBlock:
         self.token_ids = None
         self.parent_key = None
         self.content_id = 0
+
+
+_IN_FREE_QUEUE = operator.attrgetter("in_free_queue")
 
 
 class FreeBlockQueue:
@@ -104,18 +108,27 @@ class FreeBlockQueue:
         self._len -= n
         return out
 
-    def extend(self, blocks: list[KVBlock]) -> None:
-        """:meth:`append` each of ``blocks`` in order (one pass). Raises AssertionError, appending none,
-        when one of them is in a free queue already."""
-        if any(b.in_free_queue for b in blocks):
+    def extend(self, blocks: list[KVBlock], *, release: bool = False) -> None:
+        """:meth:`append` each of ``blocks`` in order (one pass); ``release``: each one's ``ref_count`` set
+        to 0 as well (its last table let go of it). Raises AssertionError, appending none, when one of them
+        is in a free queue already."""
+        if any(map(_IN_FREE_QUEUE, blocks)):
             b = next(b for b in blocks if b.in_free_queue)
             raise AssertionError(f"block {b.block_id} appended to a free queue twice")
         last = self._tail.prev_free
-        for b in blocks:
-            last.next_free = b
-            b.prev_free = last
-            b.in_free_queue = True
-            last = b
+        if release:
+            for b in blocks:
+                b.ref_count = 0
+                last.next_free = b
+                b.prev_free = last
+                b.in_free_queue = True
+                last = b
+        else:
+            for b in blocks:
+                last.next_free = b
+                b.prev_free = last
+                b.in_free_queue = True
+                last = b
         last.next_free = self._tail
         self._tail.prev_free = last
         self._len += len(blocks)

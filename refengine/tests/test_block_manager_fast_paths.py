@@ -163,6 +163,58 @@ def test_runs_equal_one_call_per_token(seed, prefix, publish, tight, fork):
     assert _state(runs, ids) == _state(one, ids)
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "unforked"])
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
+@pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("seed", range(4))
+def test_takes_equal_one_call_per_token(seed, prefix, publish, tight, fork):
+    one, takes, ids = _pair(seed, prefix, publish, fork)
+    if tight:
+        for bm in (one, takes):
+            _crowd(bm, seed, publish)
+    rng = random.Random(seed)
+    order = [rng.choice(ids) for _ in range(min(40, one.num_free_blocks - 2))]  # sequences coming back
+    for s in order:  # up to and including the append that takes a block
+        n = one.num_tokens(s)
+        for _ in range(-n % one.block_size + 1):
+            one.append_token(s, 7)
+    takes.append_token_takes(order, 7)
+    assert _state(takes, ids) == _state(one, ids)
+    for bm in (one, takes):  # and later takes (evictions included) come out alike
+        bm.free(ids[0])
+        bm.allocate(999, list(range(2 * bm.block_size)))
+    assert _state(takes, [*ids[1:], 999]) == _state(one, [*ids[1:], 999])
+
+
+def test_takes_count_the_tokens_up_to_each_block():
+    bm = BlockManager(8, 4)
+    bm.allocate("a", [1] * 4)  # full: its next token takes a block
+    bm.allocate("b", [1] * 2)  # two tokens fill its block, the third takes one
+    bm.append_token_takes(["b", "a", "a"], 0)
+    assert bm.block_table("b") == [1, 2] and bm.block_table("a") == [0, 3, 4]
+    assert bm.num_tokens("b") == 5 and bm.num_tokens("a") == 9 and bm.num_live_tokens == 14
+    bm.check_invariants()
+
+
+def test_refused_takes_change_nothing():
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1] * 4)
+    bm.allocate("b", [1] * 5)
+    bm.fork("b", "c")
+    before = _state(bm, ["a", "b", "c"])
+    with pytest.raises(OutOfBlocksError, match="2 appends up to a new block need 2 new blocks but only 1"):
+        bm.append_token_takes(["a", "a"], 0)
+    with pytest.raises(UnknownSequenceError, match="unknown sequence 'd'"):
+        bm.append_token_takes(["a", "d"], 0)
+    with pytest.raises(InvalidArgumentError, match="token id must be"):
+        bm.append_token_takes(["a"], -3)
+    with pytest.raises(InvalidArgumentError, match="sequence 'c' shares its last block"):
+        bm.append_token_takes(["a", "c"], 0)
+    assert _state(bm, ["a", "b", "c"]) == before
+    bm.append_token_takes([], 0)
+    assert _state(bm, ["a", "b", "c"]) == before
+
+
 def test_runs_take_blocks_in_the_pairs_order():
     bm = BlockManager(8, 2)
     bm.allocate("a", [1, 2])
@@ -316,3 +368,20 @@ def test_recording_no_refused_allocation_is_allowed():
     bm = BlockManager(2, 4)
     bm.record_refused_allocations(0)
     assert bm.metrics().failed_allocations == 0
+
+
+@pytest.mark.parametrize("case", ["plain", "forked", "prefix"])
+def test_free_gives_blocks_back_tail_first(case):
+    """Whether free takes its one-pass path (no fork made, no prefix cache) or not, a freed table's blocks
+    go back tail first, after the blocks already free, and their tokens stop counting."""
+    bm = BlockManager(8, 4, enable_prefix_caching=case == "prefix")
+    bm.allocate("a", [1] * 10, publish=False)  # blocks 0, 1, 2
+    bm.allocate("b", [2] * 5, publish=False)  # blocks 3, 4
+    if case == "forked":
+        bm.fork("b", "c")
+    bm.free("a")
+    assert bm.free_block_ids() == [5, 6, 7, 2, 1, 0] and bm.num_live_tokens == 5
+    bm.free("b")
+    assert bm.free_block_ids() == [5, 6, 7, 2, 1, 0] + ([] if case == "forked" else [4, 3])  # (c holds b's)
+    assert bm.num_live_tokens == (5 if case == "forked" else 0)
+    bm.check_invariants()
