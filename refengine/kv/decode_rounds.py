@@ -158,7 +158,7 @@ class DecodeRounds:
                 for _ in range(c):
                     self.append_token(sid, token_id)
             return
-        taken = self._take_fresh_many(num_takes)  # in the pairs' order, as their calls take them
+        taken = self._take_fresh_many(num_takes) if num_takes else ()  # in the pairs' order, as their calls take them
         i = 0
         for seq, c, t, n in zip(seqs, cs, takes, lengths):
             if t:
@@ -208,11 +208,12 @@ class DecodeRounds:
                     self.append_token(sid, token_id)
             return
         live = 0
+        fill = [token_id] * bs  # a table whose last block holds one token (the commonest) takes bs of them
         for seq, block in zip(seqs, self._take_fresh_many(num)):
             tokens = seq.token_ids
             n = len(tokens)
             c = -n % bs + 1
-            tokens += [token_id] * c
+            tokens += fill if c == bs else fill[:c]
             seq.blocks.append(block)
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
