@@ -12,8 +12,10 @@ stepping the scheduler in between (paged, no prefix cache, the mixed policy):
 - the block manager still takes each block on the step and in the place step-by-step simulation takes
   it: a table starts a block on the steps ``g`` with ``(n0 + g - g0 - 1) % block_size == 0``, so the
   sequences are kept in ``block_size`` groups by that residue, each in the running order, and a run's
-  takes are one ``append_token_runs`` call whose pairs carry each taker's tokens up to the one that
-  starts its block (the tokens in between, told late, take nothing);
+  takes are one ``append_token_takes`` call with the takers' ids, step by step, each table told its
+  tokens up to the one that starts its block (the tokens in between, told late, take nothing). A table
+  is told the rest only when the session ends: one freed as it is (a finish, a preemption) leaves the
+  block manager's state what it would be had it been told them, since they take no block;
 - the first finish comes from a heap of each sequence's last step, the first take the free blocks
   cannot cover from the groups' sizes step by step.
 
@@ -252,10 +254,10 @@ class DecodeSession:
             m = members.get(sid)
             if m is None or m.last != g:
                 continue
-            self._tell_table(m, g + 1)
+            self._tell(m, g + 1)  # (its table is freed as it is: the tokens it was not told take no block)
             self._leave(m)
             finishing.append(m.seq)
-        self._flush()  # the step's takes, then each one's table told before its blocks are freed
+        self._flush()  # the step's takes, before the finished ones' blocks are freed
         for seq in finishing:
             self.sched._finish(seq, self.filler, finished)
         running = self.sched.running
@@ -316,7 +318,7 @@ class DecodeSession:
                 break
             if avail == 0:
                 v = members[running[-1].seq_id]
-                self._tell_table(v, g)
+                self._tell(v, g)  # (its table is freed as it is, as a finished one's)
                 self._flush()
                 self._leave(v)
                 sched._preempt(v.seq)
