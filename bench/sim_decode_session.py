@@ -147,27 +147,31 @@ class DecodeSession:
                 refused = not bm.can_allocate(len(head.token_ids), reserve_free_blocks=sched.watermark_blocks)
                 admits = not refused
         lasts, members = self.lasts, self.members
-        while members.get(lasts[0][2]) is None or members[lasts[0][2]].last != lasts[0][0]:
+        last, _, sid = lasts[0]
+        m = members.get(sid)
+        while m is None or m.last != last:
             heapq.heappop(lasts)  # a sequence that left
+            last, _, sid = lasts[0]
+            m = members.get(sid)
         g = self.g
-        first_last = lasts[0][0] - g  # the run's step that finishes the first ones
-        groups = self.groups
+        first_last = last - g  # the run's step that finishes the first ones
+        group_ids = self.group_ids
         avail = bm.num_free_blocks
-        limit = 0 if admits else min(first_last, MAX_SCAN)
+        if admits:  # one step, if its takes are covered
+            if len(group_ids[g % bs]) > avail:
+                return None
+            return self._admitting_step(run, first_last == 0)
+        limit = min(first_last, MAX_SCAN)
         j = used = 0
         refused_at = -1  # the step whose takes the free blocks cannot cover (-1: none up to limit)
         while j <= limit:
-            t = len(groups[(g + j) % bs])
+            t = len(group_ids[(g + j) % bs])
             if used + t > avail:
                 refused_at = j
                 break
             used += t
             j += 1
         event, k = None, 0
-        if admits:
-            if refused_at == 0:
-                return None
-            return self._admitting_step(run, first_last == 0)
         if refused_at < 0:
             event, k = ("finish", first_last + 1) if limit == first_last else (None, limit + 1)
         elif self._plan_preemption(g + refused_at, avail - used):  # (it may finish some too: first_last)
