@@ -33,6 +33,7 @@ before its head. Every failed call raises before changing anything.
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
@@ -55,6 +56,7 @@ from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 __all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
+_SIGN_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)  # of int64 words
 
 
 class _Sequence:
@@ -575,6 +577,14 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
+    # the common case in two passes at C speed: every item an int itself (no bool, no numpy scalar), and
+    # as an int64 (an OverflowError past it) none negative (every word's sign byte an ASCII byte)
+    if tokens and operator.countOf(map(type, tokens), int) == len(tokens):
+        try:
+            if array("q", tokens).tobytes()[_SIGN_BYTES].isascii():
+                return tokens
+        except OverflowError:
+            pass  # the checks below name it
     types = set(map(type, tokens))  # at C speed
     if types == {int}:  # the common case, checked in two more passes (array's below make three)
         lo, hi = min(tokens), max(tokens)

@@ -385,3 +385,15 @@ def test_free_gives_blocks_back_tail_first(case):
     assert bm.free_block_ids() == [5, 6, 7, 2, 1, 0] + ([] if case == "forked" else [4, 3])  # (c holds b's)
     assert bm.num_live_tokens == (5 if case == "forked" else 0)
     bm.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [-256, -(2**63), -(2**62), 2**63, 2**64 + 5])
+def test_a_prompt_of_ints_is_checked_whole_on_the_fast_path(bad):
+    """The check of a list of plain ints reads each one's sign, not one of its low bytes (-256's lowest
+    byte is 0), and refuses what int64 cannot hold; a refusal changes nothing."""
+    bm = BlockManager(4, 4)
+    with pytest.raises(InvalidArgumentError, match=r"token ids must be in \[0, 2\*\*63\)"):
+        bm.allocate("a", [1, 2, bad, 3])
+    assert not bm.has_sequence("a") and bm.num_free_blocks == 4
+    bm.allocate("a", [0, 2**63 - 1])  # the bounds themselves are tokens
+    assert bm.token_ids("a") == [0, 2**63 - 1]
