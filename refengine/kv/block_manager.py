@@ -133,12 +133,12 @@ class BlockManager(DecodeRounds):
     @property
     def num_free_blocks(self) -> int:
         """Blocks no table holds, including cached blocks that can be evicted."""
-        return len(self._free) + len(self._cached)
+        return self._free.length + self._cached.length
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by at least one block table."""
-        return self._num_blocks - len(self._free) - len(self._cached)
+        return self._num_blocks - self._free.length - self._cached.length
 
     @property
     def num_cached_blocks(self) -> int:
@@ -260,9 +260,9 @@ class BlockManager(DecodeRounds):
             raise InvalidArgumentError(f"sequence {seq_id!r} shares its last block {seq.blocks[-1].block_id}: "
                                        "a copy-on-write is due, append one token at a time")
         need = -(-(n + m) // bs) - -(-n // bs)
-        if need > len(self._free) + len(self._cached):
+        if need > self._free.length + self._cached.length:
             raise OutOfBlocksError(f"sequence {seq_id!r} needs {need} new blocks for {m} tokens but only "
-                                   f"{len(self._free) + len(self._cached)} are free")
+                                   f"{self._free.length + self._cached.length} are free")
         publish = seq.auto_publish and seq.num_computed == n
         i = 0
         while i < m:  # one block (or the rest of the last one) at a time
@@ -368,7 +368,7 @@ class BlockManager(DecodeRounds):
             raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
             raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
-        return -(-num_tokens // self._block_size) + reserve_free_blocks <= len(self._free) + len(self._cached)
+        return -(-num_tokens // self._block_size) + reserve_free_blocks <= self._free.length + self._cached.length
 
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""
@@ -462,14 +462,14 @@ class BlockManager(DecodeRounds):
         if self.enable_prefix_caching:
             hits, chain_hash, chain_key = self._lookup(tokens, salt)
         num_fresh = -(-len(tokens) // self._block_size) - len(hits)
-        available = len(self._free) + len(self._cached)
+        available = self._free.length + self._cached.length
         if hits:
             available -= sum(1 for b in hits if b.ref_count == 0)
         return hits, chain_hash, chain_key, num_fresh, available
 
     def _take_fresh_many(self, n: int) -> list[KVBlock]:
         """``n`` calls of :meth:`_take_fresh`, in one pass while the uncached queue covers them."""
-        if n <= len(self._free):
+        if n <= self._free.length:
             return self._free.popleft_many(n)
         return [self._take_fresh() for _ in range(n)]
 

@@ -72,9 +72,9 @@ class DecodeRounds:
                 events.extend(takes)
             if publish_full_blocks and (full := -(n + 1) % bs) < num_rounds:  # the round that fills it
                 events.extend(range((2 * full + 1) * m + i, span, stride))
-        if num_takes > len(self._free) + len(self._cached):
+        if num_takes > self._free.length + self._cached.length:
             raise OutOfBlocksError(f"{num_rounds} rounds of appends to {m} sequences need {num_takes} new "
-                                   f"blocks but only {len(self._free) + len(self._cached)} are free")
+                                   f"blocks but only {self._free.length + self._cached.length} are free")
         if not num_rounds or not m:
             return
         if any(seq.auto_publish for seq in seqs) and (self.enable_prefix_caching or publish_full_blocks):
@@ -148,10 +148,10 @@ class DecodeRounds:
             if c:
                 tokens += [token_id] * c
         num_takes = sum(takes)
-        if num_takes > len(self._free) + len(self._cached):
+        if num_takes > self._free.length + self._cached.length:
             self._undo_runs(seqs, lengths)
             raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
-                                   f"but only {len(self._free) + len(self._cached)} are free")
+                                   f"but only {self._free.length + self._cached.length} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
             self._undo_runs(seqs, lengths)
             for sid, c in zip(ids, cs):
@@ -199,9 +199,9 @@ class DecodeRounds:
                     raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
                                                "a copy-on-write is due, append one token at a time")
         num = len(ids)
-        if num > len(self._free) + len(self._cached):
+        if num > self._free.length + self._cached.length:
             raise OutOfBlocksError(f"{num} appends up to a new block need {num} new blocks but only "
-                                   f"{len(self._free) + len(self._cached)} are free")
+                                   f"{self._free.length + self._cached.length} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
             for sid, seq in zip(ids, seqs):
                 for _ in range(-len(seq.token_ids) % bs + 1):

@@ -58,22 +58,22 @@ _IN_FREE_QUEUE = operator.attrgetter("in_free_queue")
 class FreeBlockQueue:
     """An intrusive doubly linked list of free :class:`KVBlock` objects (see the module docstring)."""
 
-    __slots__ = ("_head", "_len", "_tail")
+    __slots__ = ("_head", "_tail", "length")
 
     def __init__(self, blocks: list[KVBlock] | None = None) -> None:
         self._head = KVBlock(-1)  # sentinel before the LRU block
         self._tail = KVBlock(-1)  # sentinel after the MRU block
         self._head.next_free = self._tail
         self._tail.prev_free = self._head
-        self._len = 0
+        self.length = 0  # len(queue), read-only: as an attribute for the block manager's every call
         for b in blocks or ():
             self.append(b)
 
     def __len__(self) -> int:
-        return self._len
+        return self.length
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.length > 0
 
     def popleft(self) -> KVBlock:
         """Take the least recently appended block. Raises IndexError when empty."""
@@ -85,15 +85,15 @@ class FreeBlockQueue:
         nxt.prev_free = self._head
         b.prev_free = b.next_free = None
         b.in_free_queue = False
-        self._len -= 1
+        self.length -= 1
         return b
 
     def popleft_many(self, n: int) -> list[KVBlock]:
         """The ``n`` least recently appended blocks, in the order ``n`` calls of :meth:`popleft` take them,
         each with ``ref_count`` 1 (for a caller handing them to block tables at once: a batch of takes
         costs one pass, not two calls a block). Raises IndexError, taking none, when fewer are queued."""
-        if n > self._len:
-            raise IndexError(f"popleft_many({n}) from a FreeBlockQueue of {self._len}")
+        if n > self.length:
+            raise IndexError(f"popleft_many({n}) from a FreeBlockQueue of {self.length}")
         out = []
         b = self._head.next_free
         for _ in range(n):
@@ -105,7 +105,7 @@ class FreeBlockQueue:
             b = nxt
         self._head.next_free = b
         b.prev_free = self._head
-        self._len -= n
+        self.length -= n
         return out
 
     def extend(self, blocks: list[KVBlock], *, release: bool = False) -> None:
@@ -131,7 +131,7 @@ class FreeBlockQueue:
                 last = b
         last.next_free = self._tail
         self._tail.prev_free = last
-        self._len += len(blocks)
+        self.length += len(blocks)
 
     def peekleft(self) -> KVBlock | None:
         """The block ``popleft`` would return, or None when empty."""
@@ -148,7 +148,7 @@ class FreeBlockQueue:
         b.next_free = self._tail
         self._tail.prev_free = b
         b.in_free_queue = True
-        self._len += 1
+        self.length += 1
 
     def remove(self, b: KVBlock) -> None:
         """Unlink ``b`` from anywhere in the queue (O(1))."""
@@ -159,7 +159,7 @@ class FreeBlockQueue:
         nxt.prev_free = prv
         b.prev_free = b.next_free = None
         b.in_free_queue = False
-        self._len -= 1
+        self.length -= 1
 
     def __iter__(self) -> Iterator[KVBlock]:
         """LRU to MRU (the order ``popleft`` takes them)."""
@@ -188,9 +188,9 @@ class FreeBlockQueue:
                 raise AssertionError(f"{name}: block {nxt.block_id} is linked but not marked in_free_queue")
             seen.add(nxt.block_id)
             node = nxt
-            if len(seen) > self._len:
-                raise AssertionError(f"{name}: more linked blocks than its length {self._len}")
+            if len(seen) > self.length:
+                raise AssertionError(f"{name}: more linked blocks than its length {self.length}")
         if self._tail.prev_free is not node:
             raise AssertionError(f"{name}: tail sentinel does not point back at the last block")
-        if len(seen) != self._len:
-            raise AssertionError(f"{name}: length {self._len} but {len(seen)} blocks linked")
+        if len(seen) != self.length:
+            raise AssertionError(f"{name}: length {self.length} but {len(seen)} blocks linked")
