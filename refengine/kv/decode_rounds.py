@@ -6,6 +6,8 @@ the same state from one pass over the sequences plus one event per block taken o
 of ``n`` tokens takes a block on the rounds ``j`` with ``(n + j) % block_size == 0`` and fills one on
 those with ``(n + j + 1) % block_size == 0``, so every event's round is known up front, and sorting
 them by (round, take before publication, position) gives the order the calls one by one make them in.
+:meth:`DecodeRounds.append_token_runs` and :meth:`DecodeRounds.append_token_takes` serve a caller that
+tells each sequence its tokens late, pair by pair or up to each block it takes, in the takes' order.
 
 A mixin of :class:`~pagedbench.refengine.kv.block_manager.BlockManager` (whose state it reads and
 changes through the same private fields as the manager's own methods).
