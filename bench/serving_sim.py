@@ -296,6 +296,7 @@ class _Run:
         self.window_closed = math.isinf(w1)
         self.peak_used = 0
         self.prompt_tokens = prompt_tokens or (lambda r: [0] * r.prompt_len)
+        self.params: dict[int, SamplingParams] = {}  # by output length
         self.requests: list[tuple[Request, object]] = []
         self.num_steps = self.num_measured = self.peak = self.generated = 0
         self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
@@ -310,9 +311,11 @@ class _Run:
         now, core = self.clock.now(), self.core
         while self.pending and self.pending[0].arrival_s <= now:
             r = self.pending.popleft()
-            n = self.group.width if self.group is not None else 1
-            req = core.new_request(self.prompt_tokens(r), SamplingParams(max_tokens=r.output_len, ignore_eos=True,
-                                                                         n=n), arrival_s=r.arrival_s)
+            params = self.params.get(r.output_len)
+            if params is None:  # (frozen: requests of one output length share theirs)
+                n = self.group.width if self.group is not None else 1
+                params = self.params[r.output_len] = SamplingParams(max_tokens=r.output_len, ignore_eos=True, n=n)
+            req = core.new_request(self.prompt_tokens(r), params, arrival_s=r.arrival_s)
             core.add(req)
             if self.beams is not None:
                 self.beams.add(req)

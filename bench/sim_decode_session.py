@@ -12,8 +12,10 @@ stepping the scheduler in between (paged, no prefix cache, the mixed policy):
 - the block manager still takes each block on the step and in the place step-by-step simulation takes
   it: a table starts a block on the steps ``g`` with ``(n0 + g - g0 - 1) % block_size == 0``, so the
   sequences are kept in ``block_size`` groups by that residue, each in the running order, and a run's
-  takes are one ``append_token_runs`` call whose pairs carry each taker's tokens up to the one that
-  starts its block (the tokens in between, told late, take nothing);
+  takes are one ``append_token_takes`` call with the takers' ids, step by step, each table told its
+  tokens up to the one that starts its block (the tokens in between, told late, take nothing). A table
+  is told the rest only when the session ends: one freed as it is (a finish, a preemption) leaves the
+  block manager's state what it would be had it been told them, since they take no block;
 - the first finish comes from a heap of each sequence's last step, the first take the free blocks
   cannot cover from the groups' sizes step by step.
 
@@ -35,17 +37,16 @@ MAX_SCAN = 256  # the most steps a run looks ahead for its takes (a run cut shor
 
 
 class _Member:
-    """A running sequence of the session: told its tokens up to session step ``g0`` (``n0`` of them),
-    its block manager table ``told`` tokens (blocks taken for every step up to ``g0`` and beyond)."""
+    """A running sequence of the session: told its tokens up to session step ``g0`` (``n0`` of them); its
+    block manager table holds its tokens up to the last block it took (at least ``n0 - 1``)."""
 
-    __slots__ = ("entry", "g0", "last", "n0", "seq", "sid", "told")
+    __slots__ = ("entry", "g0", "last", "n0", "seq", "sid")
 
     def __init__(self, seq, g0: int, entry) -> None:
         self.seq = seq
         self.sid = seq.seq_id
         self.g0 = g0
         self.n0 = n = len(seq.token_ids)
-        self.told = n - 1
         self.entry = entry  # its timing entry (serving_sim), None when it is not measured
         self.last = g0 + seq.params.max_tokens - (n - seq.num_prompt_tokens) - 1  # the step that finishes it
 
@@ -64,11 +65,13 @@ class DecodeSession:
         self.step_ends: list[float] = []  # each session step's end
         self.members: dict[int, _Member] = {}
         self.groups: list[list[_Member]] = [[] for _ in range(self.bs)]  # by take residue, running order
+        self.group_ids: list[list[int]] = [[] for _ in range(self.bs)]  # their seq ids (a step's takes)
         self.lasts: list[tuple[int, int, int]] = []  # heap of (last step, request id, seq id)
-        # pairs for the block manager's next append_token_runs call (see _flush), and how many take a block
+        # the takes for the block manager's next append_token_takes call, then the tables told tokens that
+        # take no block (append_token_runs): see _flush
         self.ids: list[int] = []
-        self.counts: list[int] = []
-        self.num_pending_takes = 0
+        self.tell_ids: list[int] = []
+        self.tell_counts: list[int] = []
 
     @staticmethod
     def eligible(sched, seq, filler: int) -> bool:
@@ -94,21 +97,24 @@ class DecodeSession:
     def _join(self, seq) -> None:
         m = _Member(seq, self.g, self.timing.get(seq.seq_id))
         self.members[m.sid] = m
-        group = self.groups[(m.g0 - m.n0 + 1) % self.bs]
+        r = (m.g0 - m.n0 + 1) % self.bs
+        group = self.groups[r]
         rid = seq.request_id
         i = len(group)
         while i and group[i - 1].seq.request_id > rid:  # a new sequence is most often the newest
             i -= 1
         group.insert(i, m)
+        self.group_ids[r].insert(i, m.sid)
         heapq.heappush(self.lasts, (m.last, rid, m.sid))
 
     def _leave(self, m: _Member) -> None:
         del self.members[m.sid]
-        self.groups[(m.g0 - m.n0 + 1) % self.bs].remove(m)
+        r = (m.g0 - m.n0 + 1) % self.bs
+        i = self.groups[r].index(m)
+        del self.groups[r][i], self.group_ids[r][i]
 
-    def _tell(self, m: _Member, g: int) -> int:
-        """Tell ``m``'s sequence (tokens, counts, token times) the steps before session step ``g``;
-        returns the tokens its block manager table still has to be told (taking no block)."""
+    def _tell(self, m: _Member, g: int) -> None:
+        """Tell ``m``'s sequence (tokens, counts, token times) the steps before session step ``g``."""
         add = g - m.g0
         seq = m.seq
         if add:
@@ -118,7 +124,6 @@ class DecodeSession:
             m.n0 += add
             m.g0 = g
         seq.num_computed_tokens = seq.num_table_tokens = m.n0 - 1
-        return m.n0 - 1 - m.told
 
     def end(self) -> None:
         """Tell every sequence its tokens: the scheduler's state is step-by-step simulation's again."""
@@ -142,27 +147,31 @@ class DecodeSession:
                 refused = not bm.can_allocate(len(head.token_ids), reserve_free_blocks=sched.watermark_blocks)
                 admits = not refused
         lasts, members = self.lasts, self.members
-        while members.get(lasts[0][2]) is None or members[lasts[0][2]].last != lasts[0][0]:
+        last, _, sid = lasts[0]
+        m = members.get(sid)
+        while m is None or m.last != last:
             heapq.heappop(lasts)  # a sequence that left
+            last, _, sid = lasts[0]
+            m = members.get(sid)
         g = self.g
-        first_last = lasts[0][0] - g  # the run's step that finishes the first ones
-        groups = self.groups
+        first_last = last - g  # the run's step that finishes the first ones
+        group_ids = self.group_ids
         avail = bm.num_free_blocks
-        limit = 0 if admits else min(first_last, MAX_SCAN)
+        if admits:  # one step, if its takes are covered
+            if len(group_ids[g % bs]) > avail:
+                return None
+            return self._admitting_step(run, first_last == 0)
+        limit = min(first_last, MAX_SCAN)
         j = used = 0
         refused_at = -1  # the step whose takes the free blocks cannot cover (-1: none up to limit)
         while j <= limit:
-            t = len(groups[(g + j) % bs])
+            t = len(group_ids[(g + j) % bs])
             if used + t > avail:
                 refused_at = j
                 break
             used += t
             j += 1
         event, k = None, 0
-        if admits:
-            if refused_at == 0:
-                return None
-            return self._admitting_step(run, first_last == 0)
         if refused_at < 0:
             event, k = ("finish", first_last + 1) if limit == first_last else (None, limit + 1)
         elif self._plan_preemption(g + refused_at, avail - used):  # (it may finish some too: first_last)
@@ -173,8 +182,7 @@ class DecodeSession:
             return None
         last = k - 1 if event == "preempt" else -1
         if self.constant_s is not None:
-            c = self.constant_s
-            duration = lambda j: c  # noqa: E731
+            duration = float(self.constant_s)
         else:
             ends = [m.n0 + g - m.g0 for m in map(members.__getitem__, (s.seq_id for s in running))]
             step_s = self.ff.decode_run(tuple(ends))
@@ -187,7 +195,7 @@ class DecodeSession:
         rounds = k - 1 if event == "preempt" else k
         self._takes(g, g + rounds)
         self.g = g + rounds
-        used = bm.num_used_blocks + self.num_pending_takes  # the most the run's steps hold before the last
+        used = bm.num_used_blocks + len(self.ids)  # the most the run's steps hold before the last
         if used > run.peak_used:
             run.peak_used = used
         refusals = rounds if refused else 0
@@ -211,34 +219,33 @@ class DecodeSession:
         return done
 
     def _takes(self, g0: int, g1: int) -> None:
-        """The block manager's takes of session steps ``[g0, g1)``: each taker told its tokens up to the
-        one its step appends (the one that starts its block), step by step, in the running order (kept
-        in ``ids``/``counts`` until :meth:`_flush`, with any tokens told after them)."""
-        ids, counts = self.ids, self.counts
-        groups, bs = self.groups, self.bs
-        before = len(ids)
+        """The block manager's takes of session steps ``[g0, g1)``, step by step, in the running order: each
+        taker's table is told its tokens up to the one its step appends (the one that starts its block),
+        which the block manager counts from the table (kept in ``ids`` until :meth:`_flush`)."""
+        ids, group_ids, bs = self.ids, self.group_ids, self.bs
         for g in range(g0, g1):
-            for m in groups[g % bs]:
-                n = m.n0 + g - m.g0  # its tokens at step g's start: the step appends the n-th to its table
-                ids.append(m.sid)
-                counts.append(n - m.told)
-                m.told = n
-        self.num_pending_takes += len(ids) - before
+            ids += group_ids[g % bs]
 
     def _tell_table(self, m: _Member, g: int) -> None:
-        """:meth:`_tell` ``m`` the steps before session step ``g``, its table's tokens kept for :meth:`_flush`."""
-        c = self._tell(m, g)
+        """:meth:`_tell` ``m`` the steps before session step ``g``, and keep the tokens its table has yet to
+        be told for :meth:`_flush` (after the takes kept, which are made first: the table's count is then
+        the block manager's)."""
+        self._tell(m, g)
+        if self.ids:
+            self._flush()
+        c = m.n0 - 1 - self.bm.num_tokens(m.sid)
         if c:
-            self.ids.append(m.sid)
-            self.counts.append(c)
-            m.told += c
+            self.tell_ids.append(m.sid)
+            self.tell_counts.append(c)
 
     def _flush(self) -> None:
-        """The block manager told every pair kept, in order: one call."""
+        """The block manager told the takes kept, in order, then the tokens kept that take no block."""
         if self.ids:
-            self.bm.append_token_runs(self.ids, self.counts, self.filler)
-            self.ids, self.counts = [], []
-            self.num_pending_takes = 0
+            self.bm.append_token_takes(self.ids, self.filler)
+            self.ids = []
+        if self.tell_ids:
+            self.bm.append_token_runs(self.tell_ids, self.tell_counts, self.filler)
+            self.tell_ids, self.tell_counts = [], []
 
     def _finish(self, run, g: int, end: float) -> list[int]:
         """Finish the sequences whose last token session step ``g`` sampled (in the running order, as the
@@ -251,10 +258,10 @@ class DecodeSession:
             m = members.get(sid)
             if m is None or m.last != g:
                 continue
-            self._tell_table(m, g + 1)
+            self._tell(m, g + 1)  # (its table is freed as it is: the tokens it was not told take no block)
             self._leave(m)
             finishing.append(m.seq)
-        self._flush()  # the step's takes, then each one's table told before its blocks are freed
+        self._flush()  # the step's takes, before the finished ones' blocks are freed
         for seq in finishing:
             self.sched._finish(seq, self.filler, finished)
         running = self.sched.running
@@ -309,13 +316,13 @@ class DecodeSession:
         sched, bm, members = self.sched, self.bm, self.members
         running = sched.running
         made = []
-        avail = bm.num_free_blocks - self.num_pending_takes
+        avail = bm.num_free_blocks - len(self.ids)
         for m in list(self.groups[g % self.bs]):
             if m.seq.status is not _RUNNING:
                 break
             if avail == 0:
                 v = members[running[-1].seq_id]
-                self._tell_table(v, g)
+                self._tell(v, g)  # (its table is freed as it is, as a finished one's)
                 self._flush()
                 self._leave(v)
                 sched._preempt(v.seq)
@@ -323,11 +330,7 @@ class DecodeSession:
                 avail = bm.num_free_blocks
                 if v is m:
                     break
-            n = m.n0 + g - m.g0
             self.ids.append(m.sid)
-            self.counts.append(n - m.told)
-            self.num_pending_takes += 1
-            m.told = n
             avail -= 1
         self._flush()
         if made != self.victims:

@@ -11,24 +11,29 @@ from collections.abc import Callable
 from pagedbench.refengine.engine.core import StepShape
 
 
-def clock_steps(run, k_max: int, duration: Callable[[int], float]) -> list[float]:
-    """Move the run's clock over up to ``k_max`` steps, step ``k`` lasting ``duration(k)``, with the
-    arrivals step-by-step simulation would see at each step's start; returns each step's end (the time
-    its tokens are out). Fewer steps when a step would start past the window without drain or at an
-    arrival with the queue empty (it could be admitted), or after a step that the overload test of a
-    step-by-step run would look at (``serving_sim._Run._count``): one that ends past the window, or
-    (``stop_on_overload``) one an arrival preceded."""
+def clock_steps(run, k_max: int, duration: Callable[[int], float] | float) -> list[float]:
+    """Move the run's clock over up to ``k_max`` steps, step ``k`` lasting ``duration(k)`` (or ``duration``
+    itself, a float: every step's), with the arrivals step-by-step simulation would see at each step's
+    start; returns each step's end (the time its tokens are out). Fewer steps when a step would start past
+    the window without drain or at an arrival with the queue empty (it could be admitted), or after a step
+    that the overload test of a step-by-step run would look at (``serving_sim._Run._count``): one that
+    ends past the window, or (``stop_on_overload``) one an arrival preceded.
+
+    The time is added up in a local float, step by step as the clock's own ``advance`` adds it (the same
+    floats), and the clock is moved there before each arrival and at the end."""
     clock, sched = run.clock, run.sched
     next_arrival = run.pending[0].arrival_s if run.pending else math.inf
     stop_after = math.inf if run.cfg.drain else run.window[1]
     closes_window = math.inf if run.window_closed else run.window[1]
     watch_arrivals = run.cfg.stop_on_overload
-    k = 0
+    constant = duration if type(duration) is float else None
+    if constant is not None and constant < 0:
+        raise ValueError(f"a clock cannot go back: advance({constant})")
+    t = clock.now()
     step_ends = []
-    while k < k_max:
+    for k in range(k_max):
         cut = False
         if k:
-            t = clock.now()
             if t > stop_after:
                 break
             if t >= next_arrival:
@@ -36,14 +41,21 @@ def clock_steps(run, k_max: int, duration: Callable[[int], float]) -> list[float
                     break
                 # behind a head that cannot be admitted, an arrival only joins the queue (a new request
                 # is the youngest): the run goes on
+                clock.advance_to(t)
                 run._arrive()
                 next_arrival = run.pending[0].arrival_s if run.pending else math.inf
                 cut = watch_arrivals
-        clock.advance(duration(k))
-        step_ends.append(clock.now())
-        k += 1
-        if cut or clock.now() > closes_window:
+        if constant is None:
+            d = duration(k)
+            if d < 0:
+                raise ValueError(f"a clock cannot go back: advance({d})")
+            t += d
+        else:
+            t += constant
+        step_ends.append(t)
+        if cut or t > closes_window:
             break
+    clock.advance_to(t)
     return step_ends
 
 

@@ -263,3 +263,26 @@ def test_identical_with_prompts_longer_than_a_steps_budget(monkeypatch):
     cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, max_num_batched_tokens=24, watermark=0.05)
     result, _ = _check_identical(trace, AllocatorSpec("paged", 4), cfg, monkeypatch, max_steps_share=0.5)
     assert result.num_preemptions > 5
+
+
+@pytest.mark.parametrize("case", ["eventful", "span_stop", "span_drain"])
+def test_identical_with_a_constant_step_time(case):
+    # a constant step time (the sim_speed study's) lets the session skip the shapes and add up one float
+    if case == "eventful":
+        trace = _eventful(200, 4, 16)
+        cfg = SimConfig(kv_slots=60 * 16, max_seq_len=20 * 16, max_num_seqs=24, watermark=0.05, step_s=0.003)
+    else:
+        trace = workloads.synthetic("sharegpt", 150, rate=30.0, seed=8, max_seq_len=1024)
+        cfg = SimConfig(kv_slots=3000, max_seq_len=1024, max_num_seqs=64, span_s=trace[-1].arrival_s + 0.01,
+                        cooldown_frac=0.3, stop_on_overload=case == "span_stop", step_s=0.03)
+    managers, runs = [], []
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    for fast in (False, True):
+        r = simulate(trace, AllocatorSpec("paged", 16), cfg, account=False, make_manager=manager, fast_forward=fast)
+        runs.append((r, managers[-1].metrics(), managers[-1].free_block_ids()))
+    assert runs[1] == runs[0]
+    assert runs[0][0].num_preemptions > 5 if case == "eventful" else runs[0][0].overload.overloaded

@@ -33,6 +33,7 @@ before its head. Every failed call raises before changing anything.
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
@@ -55,6 +56,7 @@ from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
 __all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
+_SIGN_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)  # of int64 words
 
 
 class _Sequence:
@@ -131,12 +133,12 @@ class BlockManager(DecodeRounds):
     @property
     def num_free_blocks(self) -> int:
         """Blocks no table holds, including cached blocks that can be evicted."""
-        return len(self._free) + len(self._cached)
+        return self._free.length + self._cached.length
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by at least one block table."""
-        return self._num_blocks - len(self._free) - len(self._cached)
+        return self._num_blocks - self._free.length - self._cached.length
 
     @property
     def num_cached_blocks(self) -> int:
@@ -181,7 +183,7 @@ class BlockManager(DecodeRounds):
                 self._cached.remove(b)
                 revived += 1
             b.ref_count += 1
-        blocks = hits + [self._take_fresh() for _ in range(num_fresh)]
+        blocks = hits + self._take_fresh_many(num_fresh)
         self._live_tokens += len(tokens) - (len(hits) - revived) * bs
         self._table_blocks += len(blocks)
         num_computed = len(tokens) if publish else len(hits) * bs
@@ -258,9 +260,9 @@ class BlockManager(DecodeRounds):
             raise InvalidArgumentError(f"sequence {seq_id!r} shares its last block {seq.blocks[-1].block_id}: "
                                        "a copy-on-write is due, append one token at a time")
         need = -(-(n + m) // bs) - -(-n // bs)
-        if need > len(self._free) + len(self._cached):
+        if need > self._free.length + self._cached.length:
             raise OutOfBlocksError(f"sequence {seq_id!r} needs {need} new blocks for {m} tokens but only "
-                                   f"{len(self._free) + len(self._cached)} are free")
+                                   f"{self._free.length + self._cached.length} are free")
         publish = seq.auto_publish and seq.num_computed == n
         i = 0
         while i < m:  # one block (or the rest of the last one) at a time
@@ -318,15 +320,24 @@ class BlockManager(DecodeRounds):
         """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
         self._get(seq_id)
         seq = self._seqs.pop(seq_id)
-        free, cached, blocks, bs = self._free, self._cached, seq.blocks, self._block_size
+        blocks, bs = seq.blocks, self._block_size
         self._table_blocks -= len(blocks)
-        last = len(blocks) - 1
-        for i in range(last, -1, -1):
-            b = blocks[i]
+        if not self._forks and not self.enable_prefix_caching:  # every block its own, none cached: all go
+            self._free.extend(blocks[::-1], release=True)
+            self._live_tokens -= len(seq.token_ids)
+            return
+        released, cached = [], []  # tail first, each into its queue in one pass
+        for b in reversed(blocks):
             b.ref_count -= 1
             if b.ref_count == 0:
-                (free if b.block_hash is None else cached).append(b)
-                self._live_tokens -= bs if i < last else len(seq.token_ids) - last * bs
+                (released if b.block_hash is None else cached).append(b)
+        num = len(released) + len(cached)
+        if num:  # a block's tokens go with its last table (the last block holds the partial rest)
+            last_tokens = bs if blocks[-1].ref_count else len(seq.token_ids) - (len(blocks) - 1) * bs
+            self._live_tokens -= (num - 1) * bs + last_tokens
+            self._free.extend(released)
+            if cached:
+                self._cached.extend(cached)
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """Physical block ids of the sequence, in logical order (a new list)."""
@@ -357,7 +368,7 @@ class BlockManager(DecodeRounds):
             raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
             raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
-        return -(-num_tokens // self._block_size) + reserve_free_blocks <= len(self._free) + len(self._cached)
+        return -(-num_tokens // self._block_size) + reserve_free_blocks <= self._free.length + self._cached.length
 
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""
@@ -451,8 +462,16 @@ class BlockManager(DecodeRounds):
         if self.enable_prefix_caching:
             hits, chain_hash, chain_key = self._lookup(tokens, salt)
         num_fresh = -(-len(tokens) // self._block_size) - len(hits)
-        available = len(self._free) + len(self._cached) - sum(1 for b in hits if b.ref_count == 0)
+        available = self._free.length + self._cached.length
+        if hits:
+            available -= sum(1 for b in hits if b.ref_count == 0)
         return hits, chain_hash, chain_key, num_fresh, available
+
+    def _take_fresh_many(self, n: int) -> list[KVBlock]:
+        """``n`` calls of :meth:`_take_fresh`, in one pass while the uncached queue covers them."""
+        if n <= self._free.length:
+            return self._free.popleft_many(n)
+        return [self._take_fresh() for _ in range(n)]
 
     def _take_fresh(self) -> KVBlock:
         """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""
@@ -558,6 +577,14 @@ def _token_list(token_ids: Iterable[int]) -> list[int]:
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
+    # the common case in two passes at C speed: every item an int itself (no bool, no numpy scalar), and
+    # as an int64 (an OverflowError past it) none negative (every word's sign byte an ASCII byte)
+    if tokens and operator.countOf(map(type, tokens), int) == len(tokens):
+        try:
+            if array("q", tokens).tobytes()[_SIGN_BYTES].isascii():
+                return tokens
+        except OverflowError:
+            pass  # the checks below name it
     types = set(map(type, tokens))  # at C speed
     if types == {int}:  # the common case, checked in two more passes (array's below make three)
         lo, hi = min(tokens), max(tokens)

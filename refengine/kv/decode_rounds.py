@@ -6,6 +6,8 @@ the same state from one pass over the sequences plus one event per block taken o
 of ``n`` tokens takes a block on the rounds ``j`` with ``(n + j) % block_size == 0`` and fills one on
 those with ``(n + j + 1) % block_size == 0``, so every event's round is known up front, and sorting
 them by (round, take before publication, position) gives the order the calls one by one make them in.
+:meth:`DecodeRounds.append_token_runs` and :meth:`DecodeRounds.append_token_takes` serve a caller that
+tells each sequence its tokens late, pair by pair or up to each block it takes, in the takes' order.
 
 A mixin of :class:`~pagedbench.refengine.kv.block_manager.BlockManager` (whose state it reads and
 changes through the same private fields as the manager's own methods).
@@ -72,9 +74,9 @@ class DecodeRounds:
                 events.extend(takes)
             if publish_full_blocks and (full := -(n + 1) % bs) < num_rounds:  # the round that fills it
                 events.extend(range((2 * full + 1) * m + i, span, stride))
-        if num_takes > len(self._free) + len(self._cached):
+        if num_takes > self._free.length + self._cached.length:
             raise OutOfBlocksError(f"{num_rounds} rounds of appends to {m} sequences need {num_takes} new "
-                                   f"blocks but only {len(self._free) + len(self._cached)} are free")
+                                   f"blocks but only {self._free.length + self._cached.length} are free")
         if not num_rounds or not m:
             return
         if any(seq.auto_publish for seq in seqs) and (self.enable_prefix_caching or publish_full_blocks):
@@ -131,39 +133,102 @@ class DecodeRounds:
         except (KeyError, TypeError):
             seqs = [self._get(s) for s in ids]  # raises the error that names the problem
         bs = self._block_size
-        lengths = [len(seq.token_ids) for seq in seqs]
-        for sid, seq, n in zip(ids, seqs, lengths):
-            if n % bs and seq.blocks[-1].ref_count != 1:
+        # one pass: each pair's tokens appended (a sequence's later pairs start where its earlier ones
+        # end) and its takes counted; undone if a check fails
+        lengths, takes = [], []
+        forked = self._forks  # only a fork shares a partial block (a prefix hit is a full one, never the last)
+        for seq, c in zip(seqs, cs):
+            tokens = seq.token_ids
+            n = len(tokens)
+            if forked and n % bs and seq.blocks[-1].ref_count != 1 and n <= len(seq.blocks) * bs:  # (else past it)
+                self._undo_runs(seqs, lengths)
+                sid = ids[len(lengths)]
                 raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
                                            "a copy-on-write is due, append one token at a time")
-        if len(set(ids)) != len(ids):  # a sequence's later pairs start where its earlier ones end
-            grown: dict[int, int] = {}
-            for i, seq in enumerate(seqs):
-                n = grown.get(id(seq))
-                if n is not None:
-                    lengths[i] = n
-                grown[id(seq)] = lengths[i] + cs[i]
-        takes = [(n + c + bs - 1) // bs - (n + bs - 1) // bs for n, c in zip(lengths, cs)]
+            lengths.append(n)
+            takes.append((n + c - 1) // bs - (n - 1) // bs)  # blocks for tokens [n, n + c) (n >= 1)
+            if c:
+                tokens += [token_id] * c
         num_takes = sum(takes)
-        if num_takes > len(self._free) + len(self._cached):
+        if num_takes > self._free.length + self._cached.length:
+            self._undo_runs(seqs, lengths)
             raise OutOfBlocksError(f"{sum(cs)} appends to {len(set(ids))} sequences need {num_takes} new blocks "
-                                   f"but only {len(self._free) + len(self._cached)} are free")
+                                   f"but only {self._free.length + self._cached.length} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
+            self._undo_runs(seqs, lengths)
             for sid, c in zip(ids, cs):
                 for _ in range(c):
                     self.append_token(sid, token_id)
             return
-        take = self._take_fresh
+        taken = self._take_fresh_many(num_takes) if num_takes else ()  # in the pairs' order, as their calls take them
+        i = 0
         for seq, c, t, n in zip(seqs, cs, takes, lengths):
             if t:
-                blocks = seq.blocks
-                for _ in range(t):
-                    blocks.append(take())
-            seq.token_ids.extend([token_id] * c)
+                if t == 1:
+                    seq.blocks.append(taken[i])
+                else:
+                    seq.blocks += taken[i:i + t]
+                i += t
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
         self._table_blocks += num_takes
         self._live_tokens += sum(cs)
+
+    def append_token_takes(self, seq_ids: Iterable[Hashable], token_id: int) -> None:
+        """For each of ``seq_ids`` in order, ``append_token(seq_id, token_id)`` calls up to and including the
+        first that takes a block (``-n % block_size + 1`` of them for a table of ``n`` tokens): one block per
+        id, in the ids' order, the same state and statistics, for a caller that knows no copy-on-write is
+        due. A sequence may come back (its next block). The serving simulator's decode session tells each
+        running sequence its tokens late, up to the one that starts its next block, in the order the steps
+        take those blocks: it knows the order, and the counts follow from the tables.
+
+        Raises, changing nothing: InvalidArgumentError when a sequence's partial last block is shared (a
+        copy-on-write is due), OutOfBlocksError when fewer blocks than ids are free.
+        """
+        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
+            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
+
+            token_id = _token_id(token_id)
+        ids = list(seq_ids)
+        try:
+            seqs = [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        bs = self._block_size
+        if self._forks:  # only a fork shares a partial block (a prefix hit is a full one, never the last)
+            for sid, seq in zip(ids, seqs):  # (a sequence's later ids find the block its first one took)
+                if len(seq.token_ids) % bs and seq.blocks[-1].ref_count != 1:
+                    raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
+                                               "a copy-on-write is due, append one token at a time")
+        num = len(ids)
+        if num > self._free.length + self._cached.length:
+            raise OutOfBlocksError(f"{num} appends up to a new block need {num} new blocks but only "
+                                   f"{self._free.length + self._cached.length} are free")
+        if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
+            for sid, seq in zip(ids, seqs):
+                for _ in range(-len(seq.token_ids) % bs + 1):
+                    self.append_token(sid, token_id)
+            return
+        live = 0
+        fill = [token_id] * bs  # a table whose last block holds one token (the commonest) takes bs of them
+        for seq, block in zip(seqs, self._take_fresh_many(num)):
+            tokens = seq.token_ids
+            n = len(tokens)
+            c = -n % bs + 1
+            tokens += fill if c == bs else fill[:c]
+            seq.blocks.append(block)
+            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
+                seq.num_computed = n + c
+            live += c
+        self._table_blocks += num
+        self._live_tokens += live
+
+    @staticmethod
+    def _undo_runs(seqs: list, lengths: list[int]) -> None:
+        """Give the first ``len(lengths)`` pairs' sequences back the tokens they had (a sequence's first pair
+        found the fewest: its later pairs' cuts change nothing)."""
+        for seq, n in zip(seqs, lengths):
+            del seq.token_ids[n:]
 
     def _rounds_one_by_one(self, ids: list, seqs: list, token_id: int, num_rounds: int,
                            publish_full_blocks: bool) -> None:

@@ -17,11 +17,13 @@ an empty neighbour::
 
 Eviction order: the head is the least recently freed block. The block manager frees a sequence's
 blocks tail first, so a chain's tail sits nearer the head than its own head and is evicted first.
-``popleft``, ``append`` and ``remove`` are O(1) and allocate nothing.
+``popleft``, ``append`` and ``remove`` are O(1) and allocate nothing; ``popleft_many`` and ``extend`` are
+their batches, one pass over the blocks.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -50,25 +52,28 @@ class KVBlock:
         self.content_id = 0
 
 
+_IN_FREE_QUEUE = operator.attrgetter("in_free_queue")
+
+
 class FreeBlockQueue:
     """An intrusive doubly linked list of free :class:`KVBlock` objects (see the module docstring)."""
 
-    __slots__ = ("_head", "_len", "_tail")
+    __slots__ = ("_head", "_tail", "length")
 
     def __init__(self, blocks: list[KVBlock] | None = None) -> None:
         self._head = KVBlock(-1)  # sentinel before the LRU block
         self._tail = KVBlock(-1)  # sentinel after the MRU block
         self._head.next_free = self._tail
         self._tail.prev_free = self._head
-        self._len = 0
+        self.length = 0  # len(queue), read-only: as an attribute for the block manager's every call
         for b in blocks or ():
             self.append(b)
 
     def __len__(self) -> int:
-        return self._len
+        return self.length
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.length > 0
 
     def popleft(self) -> KVBlock:
         """Take the least recently appended block. Raises IndexError when empty."""
@@ -80,8 +85,53 @@ class FreeBlockQueue:
         nxt.prev_free = self._head
         b.prev_free = b.next_free = None
         b.in_free_queue = False
-        self._len -= 1
+        self.length -= 1
         return b
+
+    def popleft_many(self, n: int) -> list[KVBlock]:
+        """The ``n`` least recently appended blocks, in the order ``n`` calls of :meth:`popleft` take them,
+        each with ``ref_count`` 1 (for a caller handing them to block tables at once: a batch of takes
+        costs one pass, not two calls a block). Raises IndexError, taking none, when fewer are queued."""
+        if n > self.length:
+            raise IndexError(f"popleft_many({n}) from a FreeBlockQueue of {self.length}")
+        out = []
+        b = self._head.next_free
+        for _ in range(n):
+            out.append(b)
+            nxt = b.next_free
+            b.prev_free = b.next_free = None
+            b.in_free_queue = False
+            b.ref_count = 1
+            b = nxt
+        self._head.next_free = b
+        b.prev_free = self._head
+        self.length -= n
+        return out
+
+    def extend(self, blocks: list[KVBlock], *, release: bool = False) -> None:
+        """:meth:`append` each of ``blocks`` in order (one pass); ``release``: each one's ``ref_count`` set
+        to 0 as well (its last table let go of it). Raises AssertionError, appending none, when one of them
+        is in a free queue already."""
+        if any(map(_IN_FREE_QUEUE, blocks)):
+            b = next(b for b in blocks if b.in_free_queue)
+            raise AssertionError(f"block {b.block_id} appended to a free queue twice")
+        last = self._tail.prev_free
+        if release:
+            for b in blocks:
+                b.ref_count = 0
+                last.next_free = b
+                b.prev_free = last
+                b.in_free_queue = True
+                last = b
+        else:
+            for b in blocks:
+                last.next_free = b
+                b.prev_free = last
+                b.in_free_queue = True
+                last = b
+        last.next_free = self._tail
+        self._tail.prev_free = last
+        self.length += len(blocks)
 
     def peekleft(self) -> KVBlock | None:
         """The block ``popleft`` would return, or None when empty."""
@@ -98,7 +148,7 @@ class FreeBlockQueue:
         b.next_free = self._tail
         self._tail.prev_free = b
         b.in_free_queue = True
-        self._len += 1
+        self.length += 1
 
     def remove(self, b: KVBlock) -> None:
         """Unlink ``b`` from anywhere in the queue (O(1))."""
@@ -109,7 +159,7 @@ class FreeBlockQueue:
         nxt.prev_free = prv
         b.prev_free = b.next_free = None
         b.in_free_queue = False
-        self._len -= 1
+        self.length -= 1
 
     def __iter__(self) -> Iterator[KVBlock]:
         """LRU to MRU (the order ``popleft`` takes them)."""
@@ -138,9 +188,9 @@ class FreeBlockQueue:
                 raise AssertionError(f"{name}: block {nxt.block_id} is linked but not marked in_free_queue")
             seen.add(nxt.block_id)
             node = nxt
-            if len(seen) > self._len:
-                raise AssertionError(f"{name}: more linked blocks than its length {self._len}")
+            if len(seen) > self.length:
+                raise AssertionError(f"{name}: more linked blocks than its length {self.length}")
         if self._tail.prev_free is not node:
             raise AssertionError(f"{name}: tail sentinel does not point back at the last block")
-        if len(seen) != self._len:
-            raise AssertionError(f"{name}: length {self._len} but {len(seen)} blocks linked")
+        if len(seen) != self.length:
+            raise AssertionError(f"{name}: length {self.length} but {len(seen)} blocks linked")

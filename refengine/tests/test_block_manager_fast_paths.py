@@ -18,9 +18,9 @@ def _state(bm: BlockManager, ids) -> tuple:
             bm.metrics())
 
 
-def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockManager, list[int]]:
-    """Two managers brought to one state: sequences of random lengths (a few sharing prompts, forks,
-    some freed so that free and cached blocks interleave)."""
+def _pair(seed: int, prefix: bool, publish: bool, fork: bool = True) -> tuple[BlockManager, BlockManager, list[int]]:
+    """Two managers brought to one state: sequences of random lengths (a few sharing prompts, a fork unless
+    ``fork=False``, some freed so that free and cached blocks interleave)."""
     rng = random.Random(seed)
     bs = rng.choice([2, 4, 16])
     pair = BlockManager(300, bs, enable_prefix_caching=prefix), BlockManager(300, bs, enable_prefix_caching=prefix)
@@ -41,9 +41,10 @@ def _pair(seed: int, prefix: bool, publish: bool) -> tuple[BlockManager, BlockMa
     for bm in pair:  # a child whose last block is shared: only a full one lets rounds start
         while bm.num_tokens(parent) % bs:
             bm.append_token(parent, 1)
-    for bm in pair:
-        bm.fork(parent, 100)
-    ids.append(100)
+    if fork:
+        for bm in pair:
+            bm.fork(parent, 100)
+        ids.append(100)
     rng.shuffle(ids)
     return *pair, ids
 
@@ -138,11 +139,12 @@ def test_refused_rounds_change_nothing():
     assert _state(bm, ["a", "b", "c"]) == before
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "unforked"])  # (unforked: no shared-block pass)
 @pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
 @pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("seed", range(4))
-def test_runs_equal_one_call_per_token(seed, prefix, publish, tight):
-    one, runs, ids = _pair(seed, prefix, publish)
+def test_runs_equal_one_call_per_token(seed, prefix, publish, tight, fork):
+    one, runs, ids = _pair(seed, prefix, publish, fork)
     if tight:
         for bm in (one, runs):
             _crowd(bm, seed, publish)
@@ -161,6 +163,58 @@ def test_runs_equal_one_call_per_token(seed, prefix, publish, tight):
     assert _state(runs, ids) == _state(one, ids)
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "unforked"])
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "evicting"])
+@pytest.mark.parametrize("prefix,publish", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("seed", range(4))
+def test_takes_equal_one_call_per_token(seed, prefix, publish, tight, fork):
+    one, takes, ids = _pair(seed, prefix, publish, fork)
+    if tight:
+        for bm in (one, takes):
+            _crowd(bm, seed, publish)
+    rng = random.Random(seed)
+    order = [rng.choice(ids) for _ in range(min(40, one.num_free_blocks - 2))]  # sequences coming back
+    for s in order:  # up to and including the append that takes a block
+        n = one.num_tokens(s)
+        for _ in range(-n % one.block_size + 1):
+            one.append_token(s, 7)
+    takes.append_token_takes(order, 7)
+    assert _state(takes, ids) == _state(one, ids)
+    for bm in (one, takes):  # and later takes (evictions included) come out alike
+        bm.free(ids[0])
+        bm.allocate(999, list(range(2 * bm.block_size)))
+    assert _state(takes, [*ids[1:], 999]) == _state(one, [*ids[1:], 999])
+
+
+def test_takes_count_the_tokens_up_to_each_block():
+    bm = BlockManager(8, 4)
+    bm.allocate("a", [1] * 4)  # full: its next token takes a block
+    bm.allocate("b", [1] * 2)  # two tokens fill its block, the third takes one
+    bm.append_token_takes(["b", "a", "a"], 0)
+    assert bm.block_table("b") == [1, 2] and bm.block_table("a") == [0, 3, 4]
+    assert bm.num_tokens("b") == 5 and bm.num_tokens("a") == 9 and bm.num_live_tokens == 14
+    bm.check_invariants()
+
+
+def test_refused_takes_change_nothing():
+    bm = BlockManager(4, 4)
+    bm.allocate("a", [1] * 4)
+    bm.allocate("b", [1] * 5)
+    bm.fork("b", "c")
+    before = _state(bm, ["a", "b", "c"])
+    with pytest.raises(OutOfBlocksError, match="2 appends up to a new block need 2 new blocks but only 1"):
+        bm.append_token_takes(["a", "a"], 0)
+    with pytest.raises(UnknownSequenceError, match="unknown sequence 'd'"):
+        bm.append_token_takes(["a", "d"], 0)
+    with pytest.raises(InvalidArgumentError, match="token id must be"):
+        bm.append_token_takes(["a"], -3)
+    with pytest.raises(InvalidArgumentError, match="sequence 'c' shares its last block"):
+        bm.append_token_takes(["a", "c"], 0)
+    assert _state(bm, ["a", "b", "c"]) == before
+    bm.append_token_takes([], 0)
+    assert _state(bm, ["a", "b", "c"]) == before
+
+
 def test_runs_take_blocks_in_the_pairs_order():
     bm = BlockManager(8, 2)
     bm.allocate("a", [1, 2])
@@ -168,6 +222,20 @@ def test_runs_take_blocks_in_the_pairs_order():
     bm.append_token_runs(["b", "a", "b", "a"], [1, 1, 2, 2], 0)  # b fills; a takes 2; b takes 3; a fills 2, takes 4
     assert bm.block_table("a") == [0, 2, 4] and bm.block_table("b") == [1, 3]
     assert bm.token_ids("b") == [1, 0, 0, 0] and bm.num_live_tokens == 9
+
+
+def test_runs_past_a_shared_full_block():
+    """A forked table's full last block is shared, but the pairs' next token starts a block of its own: a
+    sequence coming back in a later pair writes into that new block, nothing shared."""
+    one, runs = BlockManager(8, 4), BlockManager(8, 4)
+    for bm in (one, runs):
+        bm.allocate("a", [1] * 4)
+        bm.fork("a", "b")
+    for s, c in [("b", 1), ("a", 2), ("b", 2)]:
+        for _ in range(c):
+            one.append_token(s, 0)
+    runs.append_token_runs(["b", "a", "b"], [1, 2, 2], 0)
+    assert _state(runs, ["a", "b"]) == _state(one, ["a", "b"])
 
 
 def test_refused_runs_change_nothing():
@@ -191,6 +259,15 @@ def test_refused_runs_change_nothing():
     with pytest.raises(InvalidArgumentError, match="shares its last block"):
         bm.append_token_runs(["a", "c"], [1, 1], 0)
     assert _state(bm, ["a", "b", "c"]) == before
+    bm = BlockManager(4, 4)  # no fork: the tokens of pairs counted before the refusal are taken back
+    bm.allocate("x", [1] * 3)
+    bm.allocate("y", [1] * 6)
+    before = _state(bm, ["x", "y"])
+    with pytest.raises(OutOfBlocksError, match="15 appends to 2 sequences need 4 new blocks but only 1"):
+        bm.append_token_runs(["y", "x", "y", "x"], [2, 1, 7, 5], 0)
+    with pytest.raises(InvalidArgumentError, match="counts must be ints >= 0"):
+        bm.append_token_runs(["x", "y"], [3, 1.0], 0)
+    assert _state(bm, ["x", "y"]) == before
 
 
 def test_a_prompt_list_is_copied():
@@ -291,3 +368,32 @@ def test_recording_no_refused_allocation_is_allowed():
     bm = BlockManager(2, 4)
     bm.record_refused_allocations(0)
     assert bm.metrics().failed_allocations == 0
+
+
+@pytest.mark.parametrize("case", ["plain", "forked", "prefix"])
+def test_free_gives_blocks_back_tail_first(case):
+    """Whether free takes its one-pass path (no fork made, no prefix cache) or not, a freed table's blocks
+    go back tail first, after the blocks already free, and their tokens stop counting."""
+    bm = BlockManager(8, 4, enable_prefix_caching=case == "prefix")
+    bm.allocate("a", [1] * 10, publish=False)  # blocks 0, 1, 2
+    bm.allocate("b", [2] * 5, publish=False)  # blocks 3, 4
+    if case == "forked":
+        bm.fork("b", "c")
+    bm.free("a")
+    assert bm.free_block_ids() == [5, 6, 7, 2, 1, 0] and bm.num_live_tokens == 5
+    bm.free("b")
+    assert bm.free_block_ids() == [5, 6, 7, 2, 1, 0] + ([] if case == "forked" else [4, 3])  # (c holds b's)
+    assert bm.num_live_tokens == (5 if case == "forked" else 0)
+    bm.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [-256, -(2**63), -(2**62), 2**63, 2**64 + 5])
+def test_a_prompt_of_ints_is_checked_whole_on_the_fast_path(bad):
+    """The check of a list of plain ints reads each one's sign, not one of its low bytes (-256's lowest
+    byte is 0), and refuses what int64 cannot hold; a refusal changes nothing."""
+    bm = BlockManager(4, 4)
+    with pytest.raises(InvalidArgumentError, match=r"token ids must be in \[0, 2\*\*63\)"):
+        bm.allocate("a", [1, 2, bad, 3])
+    assert not bm.has_sequence("a") and bm.num_free_blocks == 4
+    bm.allocate("a", [0, 2**63 - 1])  # the bounds themselves are tokens
+    assert bm.token_ids("a") == [0, 2**63 - 1]
