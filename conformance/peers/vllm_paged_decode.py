@@ -23,6 +23,12 @@ two: the kernel's ``tl.arange(0, BLOCK_SIZE)``). No LSE, no split count. The bac
 head-size check here would also hide how the kernel treats the validation cases' bad arguments). Prefill
 rows go to another kernel (``context_attention_fwd``), adapted on its own (``vllm_prefill``).
 
+Its one shape rule off ROCm (``chunked_prefill_paged_decode`` in that file, vLLM 0.34) is the query-head
+tile, ``num_queries_per_kv_padded = max(triton.next_power_of_2(num_queries_per_kv), 16)``: 16 rows up to
+a GQA group of 16, 32 from 17; declared as ``dispatch_boundaries.gqa_groups``. (Blocks past 128 tokens
+are read in tiles of 128, ``TRITON_BLOCK_SIZE``: a block-size rule the dispatch family has no kind for;
+ROCm's custom kernel, ``use_rocm_custom_paged_attention``, never runs here.)
+
 Under Triton's interpreter the kernel's ``tl.int64`` stride annotations are ignored (the interpreter
 types every integer argument by its value, int32 when it fits), so ``block id * stride`` wraps past 2^31
 elements and the process segfaults where the compiled kernel computes in 64 bits: caches that large are
@@ -32,7 +38,7 @@ elements and the process segfaults where the compiled kernel computes in 64 bits
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -63,7 +69,11 @@ class VllmPagedDecode(PeerImplementation):
 
     distribution = "vllm"
     capabilities = Capabilities(
-        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, dtypes=(torch.float16, torch.bfloat16)
+        returns_lse=False,
+        block_sizes=BLOCK_SIZES,
+        supports_num_splits=False,
+        dtypes=(torch.float16, torch.bfloat16),
+        dispatch_boundaries=DispatchBoundaries(gqa_groups=(17,)),  # first group of the 32-row tile
     )
 
     def __init__(self) -> None:
