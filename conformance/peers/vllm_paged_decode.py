@@ -17,8 +17,10 @@ calls this function: ``kv_cache_dtype="auto"`` and unit ``k_scale``/``v_scale`` 
 passed as the kernel itself reads it (W keys), not as that backend passes it (W - 1, from its
 ``self.sliding_window = (W - 1, 0)``): the row judges the kernel, and the backend's off-by-one is a
 finding of its own (``findings.md``).
-Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16 (and powers of
-two: the kernel's ``tl.arange(0, BLOCK_SIZE)``). No LSE, no split count. The backend accepts head sizes
+Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16
+(``get_supported_kernel_block_sizes``: ``MultipleOf(16)``; since vLLM 0.34 the launcher reads a block
+in tiles of ``TRITON_BLOCK_SIZE``, the block itself up to 128 if a power of two, else 32, so any such
+block goes, up to 512 here as for ``vllm-unified``). No LSE, no split count. The backend accepts head sizes
 32, 64, ..., 256; the kernel pads any head size to a power of two and is judged on all of the suite's (a
 head-size check here would also hide how the kernel treats the validation cases' bad arguments). Prefill
 rows go to another kernel (``context_attention_fwd``), adapted on its own (``vllm_prefill``).
@@ -49,7 +51,7 @@ from pagedbench.conformance.peers import (
 )
 
 KERNEL_MODULE = "vllm.v1.attention.ops.chunked_prefill_paged_decode"
-BLOCK_SIZES = frozenset((16, 32, 64, 128, 256))
+BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
 
 
 def load():
