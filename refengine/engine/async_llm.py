@@ -173,9 +173,9 @@ class AsyncLLM:
         q: asyncio.Queue = asyncio.Queue()
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put(("add", (prompt, params, loop, q, done)))
-        req = await asyncio.wrap_future(done)
-        if req.error is not None:
-            raise InvalidRequestError(req.error)
+        req, rejected = await asyncio.wrap_future(done)
+        if rejected is not None:
+            raise InvalidRequestError(rejected)
         return RequestStream(self, req, q, arrival)
 
     async def snapshot(self) -> EngineSnapshot:
@@ -248,7 +248,9 @@ class AsyncLLM:
             return
         if req.error is None:
             self._tracked[req.request_id] = _Tracked(req, loop, q)
-        done.set_result(req)
+        # the rejection as it stands now: by the time the caller reads the result, later steps may have
+        # run and failed this request (an error its stream reports, not a rejection)
+        done.set_result((req, req.error))
 
     def _abort(self, request_id: int) -> None:
         tracked = self._tracked.pop(request_id, None)

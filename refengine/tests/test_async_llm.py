@@ -5,6 +5,7 @@ error) and the engine serves on, and shutting down ends every open stream."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pagedbench.refengine import LLM, SamplingParams
@@ -70,6 +71,32 @@ def test_a_failed_step_ends_its_requests_with_the_error_and_the_engine_serves_on
     assert last.finished and last.error == "a step failed: RuntimeError: planted fault"
     assert last.deltas[-1].finish_reason == "abort" and len(tokens) == 2  # two steps ran before it
     assert after == offline([4, 5, 6, 7]) and used == 0
+
+
+def test_a_step_that_fails_before_the_caller_reads_its_handle_is_no_rejection():
+    """add() returns the stream of an accepted request even when a step has already failed it by the time
+    the caller's event loop reads the engine's answer: the failure comes through the stream."""
+    llm = LLM(resolve_model("tiny"), **ENGINE)
+    execute = llm.executor.execute
+
+    def fails(out):
+        if out.chunks:
+            raise RuntimeError("planted fault")
+        return execute(out)
+
+    llm.executor.execute = fails
+
+    async def run(engine):
+        task = asyncio.ensure_future(engine.add([1, 2, 3], PARAMS))
+        await asyncio.sleep(0)  # the add is queued for the engine's thread
+        time.sleep(0.5)  # this event loop busy while the engine admits the request and its step fails
+        stream = await task
+        return await drain(stream)
+
+    with AsyncLLM(llm) as engine:
+        tokens, updates = asyncio.run(run(engine))
+    assert tokens == [] and updates[-1].finished
+    assert updates[-1].error == "a step failed: RuntimeError: planted fault"
 
 
 def test_rejections_and_shutdown():
