@@ -468,10 +468,12 @@ class BlockManager(DecodeRounds):
         return hits, chain_hash, chain_key, num_fresh, available
 
     def _take_fresh_many(self, n: int) -> list[KVBlock]:
-        """``n`` calls of :meth:`_take_fresh`, in one pass while the uncached queue covers them."""
-        if n <= self._free.length:
+        """``n`` calls of :meth:`_take_fresh`: in one pass when the uncached queue covers them, else one at a
+        time (evicting)."""
+        try:
             return self._free.popleft_many(n)
-        return [self._take_fresh() for _ in range(n)]
+        except IndexError:  # (it took none)
+            return [self._take_fresh() for _ in range(n)]
 
     def _take_fresh(self) -> KVBlock:
         """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""

@@ -140,7 +140,8 @@ class DecodeRounds:
         for seq, c in zip(seqs, cs):
             tokens = seq.token_ids
             n = len(tokens)
-            if forked and n % bs and seq.blocks[-1].ref_count != 1 and n <= len(seq.blocks) * bs:  # (else past it)
+            # (a sequence's later pair past its last block writes into one it takes: nothing shared)
+            if forked and n % bs and seq.blocks[-1].ref_count != 1 and -(-n // bs) == len(seq.blocks):
                 self._undo_runs(seqs, lengths)
                 sid = ids[len(lengths)]
                 raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "

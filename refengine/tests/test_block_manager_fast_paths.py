@@ -196,6 +196,18 @@ def test_takes_count_the_tokens_up_to_each_block():
     bm.check_invariants()
 
 
+def test_takes_and_runs_may_use_every_free_block():
+    for call in ("takes", "runs"):
+        bm = BlockManager(4, 4)
+        bm.allocate("a", [1] * 4)  # three blocks free, and its next token takes one
+        if call == "takes":
+            bm.append_token_takes(["a", "a", "a"], 0)
+        else:
+            bm.append_token_runs(["a", "a"], [5, 4], 0)
+        assert bm.num_free_blocks == 0 and bm.num_tokens("a") == 13
+        bm.check_invariants()
+
+
 def test_refused_takes_change_nothing():
     bm = BlockManager(4, 4)
     bm.allocate("a", [1] * 4)
@@ -390,10 +402,12 @@ def test_free_gives_blocks_back_tail_first(case):
 @pytest.mark.parametrize("bad", [-256, -(2**63), -(2**62), 2**63, 2**64 + 5])
 def test_a_prompt_of_ints_is_checked_whole_on_the_fast_path(bad):
     """The check of a list of plain ints reads each one's sign, not one of its low bytes (-256's lowest
-    byte is 0), and refuses what int64 cannot hold; a refusal changes nothing."""
+    byte is 0), and refuses what int64 cannot hold, naming it (a 0 beside it is a token); a refusal
+    changes nothing."""
     bm = BlockManager(4, 4)
-    with pytest.raises(InvalidArgumentError, match=r"token ids must be in \[0, 2\*\*63\)"):
-        bm.allocate("a", [1, 2, bad, 3])
+    named = f"got {bad}$" if bad < 0 else r"got one >= 2\*\*63$"
+    with pytest.raises(InvalidArgumentError, match=r"token ids must be in \[0, 2\*\*63\), " + named):
+        bm.allocate("a", [0, 2, bad, 3])
     assert not bm.has_sequence("a") and bm.num_free_blocks == 4
     bm.allocate("a", [0, 2**63 - 1])  # the bounds themselves are tokens
     assert bm.token_ids("a") == [0, 2**63 - 1]
