@@ -160,8 +160,8 @@ def _prompt(seed: int, n: int) -> tuple[int, ...]:
     return tuple((seed * 7 + 3 * j + 1) % 97 for j in range(n))
 
 
-#: the scenarios of the family with blocks of 4 tokens, one per feature (a few tokens span several blocks)
-SCENARIOS_BS4 = (
+#: the scenarios of the family, one per feature (block size 4: a few tokens span several blocks)
+SCENARIOS = (
     # request 1 arrives once request 0's prompt is computed and published: it hits its first 2 blocks
     EngineScenario("prefix-hit", "prefix-hit", 4, 24, (
         EngineRequest(_prompt(1, 11), 6),
@@ -179,27 +179,3 @@ SCENARIOS_BS4 = (
     EngineScenario("preempt-resume", "preempt", 4, 8, (
         EngineRequest(_prompt(6, 6), 10), EngineRequest(_prompt(7, 5), 10), EngineRequest(_prompt(8, 7), 8))),
 )
-
-#: the same features with blocks of 16 tokens, the smallest block vLLM's attention kernels take (they want
-#: multiples of 16), so implementations limited to such blocks are judged on engine metadata too
-SCENARIOS_BS16 = (
-    # request 0's 40-token prompt fills 2 blocks and part of a third; request 1 repeats its first 32
-    # tokens, hits both full blocks, and computes its 3 new tokens beside request 0's decode
-    EngineScenario("prefix-hit", "prefix-hit", 16, 16, (
-        EngineRequest(_prompt(1, 40), 4),
-        EngineRequest((*_prompt(1, 40)[:32], 50, 51, 52), 3, arrival_step=1))),
-    # a budget of 20 tokens a step: prompts of 45 and 30 go in chunks beside the decodes
-    EngineScenario("chunked-prefill", "chunked", 16, 16, (
-        EngineRequest(_prompt(2, 45), 3), EngineRequest(_prompt(3, 30), 3, arrival_step=1)),
-        max_num_batched_tokens=20),
-    # a 20-token prompt: one full block and a partial one, which the n=3 children copy as they append
-    EngineScenario("fork-n3", "fork", 16, 16, (
-        EngineRequest(_prompt(4, 20), 4, n=3), EngineRequest(_prompt(5, 24), 3, arrival_step=2))),
-    # 4 blocks for three requests that each outgrow their first block: the newest is preempted and
-    # recomputed into blocks the others held
-    EngineScenario("preempt-resume", "preempt", 16, 4, (
-        EngineRequest(_prompt(6, 10), 10), EngineRequest(_prompt(7, 9), 10), EngineRequest(_prompt(8, 12), 8))),
-)
-
-#: every scenario of the family
-SCENARIOS = SCENARIOS_BS4 + SCENARIOS_BS16

@@ -32,7 +32,7 @@ elements and the process segfaults where the compiled kernel computes in 64 bits
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -44,11 +44,6 @@ from pagedbench.conformance.peers import (
 
 KERNEL_MODULE = "vllm.v1.attention.ops.chunked_prefill_paged_decode"
 BLOCK_SIZES = frozenset((16, 32, 64, 128, 256))
-# Where its launcher's rules switch (vllm/v1/attention/ops/chunked_prefill_paged_decode.py, in
-# chunked_prefill_paged_decode): off ROCm every decode row goes to kernel_paged_attention_2d, whose query
-# tile is num_queries_per_kv_padded = max(next_power_of_2(group), 16) rows: 16 up to 16 query heads per KV
-# head, 32 from a group of 17. Nothing there depends on the batch's size or the sequences' lengths.
-DISPATCH = DispatchBoundaries(gqa_groups=(17,))
 
 
 def load():
@@ -68,11 +63,7 @@ class VllmPagedDecode(PeerImplementation):
 
     distribution = "vllm"
     capabilities = Capabilities(
-        returns_lse=False,
-        block_sizes=BLOCK_SIZES,
-        supports_num_splits=False,
-        dtypes=(torch.float16, torch.bfloat16),
-        dispatch_boundaries=DISPATCH,
+        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, dtypes=(torch.float16, torch.bfloat16)
     )
 
     def __init__(self) -> None:

@@ -12,7 +12,7 @@ copied. The arguments are those ``TritonAttentionImpl.forward`` passes::
 
 with the split-K scratch that backend allocates (float32, a row per query token), so the kernel picks
 its 2-D or 3-D (split-K over 16 segments) launch from the batch's size as it does in vLLM: batches of
-at most ``128 // num_kv_heads`` decode rows take the 3-D one.
+fewer than ``128 // num_kv_heads`` decode rows take the 3-D one.
 
 Declared from the backend (``TritonAttentionBackend``): float16, bfloat16 and float32; block sizes that
 are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants head sizes of 32 and more
@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -43,14 +43,6 @@ KERNEL_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 MIN_LAUNCH_GRID_SIZE_2D = 128
 NUM_PAR_SOFTMAX_SEGMENTS = 16
 BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
-# Where unified_attention's own rules switch (vllm/v1/attention/ops/triton_unified_attention.py, in
-# unified_attention): a decode batch takes the 3-D (split-K) kernel while num_seqs * cdiv(1, BLOCK_Q) is at
-# most seq_threshold_3D, which this adapter passes as the backend does (MIN_LAUNCH_GRID_SIZE_2D //
-# num_kv_heads: 64 sequences of the family's 2 KV heads), and the 2-D kernel from one more; its query tile
-# BLOCK_M is 16 rows up to 16 query heads per KV head and next_power_of_2(group) from a group of 17.
-# (Its prefill's switch, 2-D once the longest chunk passes MAX_3D_QUERY_LEN = 8 queries, is on query
-# lengths, which DispatchBoundaries has no kind for.)
-DISPATCH = DispatchBoundaries(decode_batch_sizes=(MIN_LAUNCH_GRID_SIZE_2D // 2 + 1,), gqa_groups=(17,))
 
 
 def load():
@@ -63,11 +55,7 @@ class VllmUnifiedAttention(PeerImplementation):
 
     distribution = "vllm"
     capabilities = Capabilities(
-        returns_lse=False,
-        block_sizes=BLOCK_SIZES,
-        supports_num_splits=False,
-        batch_invariant=False,
-        dispatch_boundaries=DISPATCH,
+        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, batch_invariant=False
     )
 
     def __init__(self) -> None:

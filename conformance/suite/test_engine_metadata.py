@@ -1,17 +1,12 @@
 """Every step of a few engine runs replayed on the implementation: block tables, slot mappings,
 ``seq_lens`` and ``cu_seqlens_q`` from our engine's scheduler and step-input path (``gate.engine_steps``),
-K/V and queries fresh ``randn`` (never zeros) for each step's tokens. Each scenario runs with blocks of 4
-tokens and of 16 (the smallest vLLM's attention kernels take).
+K/V and queries fresh ``randn`` (never zeros) for each step's tokens.
 
-Per step, as the engine runs it: the copy-on-write copies (``copy_blocks``), ``write_kv`` of the step's
-new tokens through the slot mapping, then ``paged_decode`` when every chunk is one token, else
-``paged_prefill``. The implementation is judged on the operations it implements: where one raises
-``NotSupported`` the suite does that part itself (copies and writes go into the implementation's cache,
-so its attention reads them) and records it as unchecked. The cache, after the implementation's own
-copies or writes, must equal the suite's own copy bit for bit (its cache starts NaN, so a write to a
-wrong slot shows); an attention output is judged against the float64 oracle over the suite's copy,
-whose NaN slots also show a read of a slot no step wrote. An implementation that ran none of a case's
-operations itself is "not supported" for it.
+Per step, as the engine runs it: the copy-on-write copies (``copy_blocks``; the suite copies itself for
+an implementation without it), ``write_kv`` of the step's new tokens through the slot mapping, then
+``paged_decode`` when every chunk is one token, else ``paged_prefill``. The output is judged against the
+float64 oracle over the suite's own copy of the cache, written independently; the implementation's cache
+starts NaN, so a read of a slot no step wrote shows.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from pagedbench.conformance import capabilities
 from pagedbench.conformance.adapter import NotSupported
 from pagedbench.conformance.gate import checks, engine_steps, oracle
 from pagedbench.conformance.gate.cases import DTYPES, TOLERANCES
@@ -44,7 +38,7 @@ class EngineCase:
                 f"{self.dtype}")
 
 
-_BY_NAME = {s.name: s for s in engine_steps.SCENARIOS_BS4}
+_BY_NAME = {s.name: s for s in engine_steps.SCENARIOS}
 CASES = [EngineCase(s) for s in engine_steps.SCENARIOS]
 SLOW_CASES = [EngineCase(s, dtype=d) for s in engine_steps.SCENARIOS for d in ("fp32", "bf16")]
 SLOW_CASES += [EngineCase(_BY_NAME["fork-n3"], num_heads=16, num_kv_heads=1, head_dim=64),
@@ -62,14 +56,9 @@ def _write(cache_k, cache_v, k, v, slots: torch.Tensor) -> None:
     cache_v[slots // bs, slots % bs] = v
 
 
-#: the operations a step may call, in the order it calls them
-OPERATIONS = ("copy_blocks", "write_kv", "paged_decode", "paged_prefill")
-
-
-def replay(impl, case: EngineCase) -> dict[str, int]:
+def replay(impl, case: EngineCase) -> int:
     """Run every step of ``case``'s scenario on ``impl``; raises AssertionError at the first step whose
-    cache or output is off. Returns, for each operation the implementation ran itself, the number of
-    steps it was judged on; skips as "not supported" when it ran none."""
+    output is off. Returns the number of steps checked."""
     dtype = DTYPES[case.dtype]
     if dtype not in impl.dtypes or dtype not in impl.capabilities.dtypes:
         pytest.skip(f"not supported: {impl.name} does not claim {case.dtype}")
@@ -85,84 +74,51 @@ def replay(impl, case: EngineCase) -> dict[str, int]:
     v_cache = torch.full_like(k_cache, math.nan)
     truth_k, truth_v = torch.full(shape, math.nan, dtype=dtype), torch.full(shape, math.nan, dtype=dtype)
     tol, scale = TOLERANCES[dtype], oracle.default_scale(d)
-    judged = dict.fromkeys(OPERATIONS, 0)
-    called = set()  # the operations the scenario needed, run by the implementation or not
-
-    def cache_matches(after: str, context: str) -> None:
-        for name, mine, truth in (("k_cache", k_cache, truth_k), ("v_cache", v_cache, truth_v)):
-            checks.assert_bitwise_equal(mine, truth, what=f"{name} after {after}", context=context)
-
     for i, step in enumerate(steps):
         context = f"{case.id},step={i}"
         if len(step.copies):
             pairs = torch.from_numpy(step.copies)
-            called.add("copy_blocks")
-            _copy(truth_k, truth_v, pairs)
             try:
                 impl.copy_blocks(k_cache, v_cache, pairs.to(dev))
             except NotSupported:
                 _copy(k_cache, v_cache, pairs.to(dev))
-            else:
-                cache_matches("copy_blocks", context)
-                judged["copy_blocks"] += 1
+            _copy(truth_k, truth_v, pairs)
         num_tokens = len(step.slot_mapping)
         k = torch.randn(num_tokens, hkv, d, generator=gen).to(dtype)
         v = torch.randn(num_tokens, hkv, d, generator=gen).to(dtype)
         q = torch.randn(num_tokens, case.num_heads, d, generator=gen).to(dtype)
         slots = torch.from_numpy(step.slot_mapping)
-        called.add("write_kv")
+        impl.write_kv(k.to(dev), v.to(dev), k_cache, v_cache, slots.to(dev))
         _write(truth_k, truth_v, k, v, slots)
-        try:
-            impl.write_kv(k.to(dev), v.to(dev), k_cache, v_cache, slots.to(dev))
-        except NotSupported:
-            _write(k_cache, v_cache, k.to(dev), v.to(dev), slots.to(dev))
-        else:
-            cache_matches("write_kv", context)
-            judged["write_kv"] += 1
         tables = torch.from_numpy(step.block_tables)
         seq_lens = torch.from_numpy(step.seq_lens).to(torch.int32)
         cu = torch.from_numpy(step.cu_seqlens_q)
         out = torch.full_like(q, math.nan).to(dev)
-        op = "paged_decode" if step.decode_only else "paged_prefill"
-        called.add(op)
-        try:
-            if step.decode_only:
-                got = impl.paged_decode(q.to(dev), k_cache, v_cache, tables.to(dev), seq_lens.to(dev), scale=scale,
-                                        out=out)
-            else:
-                got = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables.to(dev), seq_lens.to(dev),
-                                         cu.to(dev), scale=scale, out=out)
-        except NotSupported:
-            continue  # this step's attention is not judged; its K/V are in the cache for the next steps
         if step.decode_only:
+            got = impl.paged_decode(q.to(dev), k_cache, v_cache, tables.to(dev), seq_lens.to(dev), scale=scale,
+                                    out=out)
             ref = oracle.decode(q, truth_k, truth_v, tables, seq_lens, scale=scale)
         else:
+            got = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables.to(dev), seq_lens.to(dev), cu.to(dev),
+                                     scale=scale, out=out)
             ref = oracle.prefill(q, truth_k, truth_v, tables, seq_lens, cu, scale=scale)
+        op = "decode" if step.decode_only else "prefill"
         if not torch.isfinite(ref.out).all():  # the engine's own metadata is wrong, whatever the implementation
             raise AssertionError(f"{context}: the step's tables reach a slot its slot mappings never wrote")
-        short = op.removeprefix("paged_")
-        for what, tensor in ((f"{short}_out", got), (f"{short}_out_buffer", out)):  # returned, and written to out=
+        for what, tensor in ((f"{op}_out", got), (f"{op}_out_buffer", out)):  # returned, and written to out=
             checks.check_tensor(tensor, ref.out, dtype, rel=tol.rel, max_abs=tol.max_abs, what=what,
                                 context=context)
-        judged[op] += 1
-    ran = {name: n for name, n in judged.items() if n}
-    if not ran:
-        pytest.skip(f"not supported: {impl.name} implements none of {', '.join(o for o in OPERATIONS if o in called)}"
-                    f" (NotSupported from each)")
-    for name in sorted(called - ran.keys()):
-        capabilities.note_unchecked(name)
-    return ran
+    return len(steps)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_engine_steps_match_oracle(impl, case):
     """Each step of an engine run (prefix hit, chunked prefill, fork with copy-on-write, preemption and
-    resume), replayed with random K/V, leaves the suite's cache and gives the oracle's attention, in
-    whichever of those operations the implementation implements."""
-    replay(impl, case)
+    resume), replayed with random K/V, gives the oracle's attention."""
+    assert replay(impl, case) > 1
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES, ids=[c.id for c in SLOW_CASES])
 def test_engine_steps_match_oracle_more_shapes(impl, case):
-    replay(impl, case)
+    assert replay(impl, case) > 1

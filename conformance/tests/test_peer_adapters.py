@@ -74,35 +74,3 @@ def test_each_adapter_matches_the_oracle_in_the_peers_venv():
         described = report[name]["describe"]
         assert all(described["peer"].values()), described  # the peer's version is recorded
         assert described["triton_interpret"] == (report["TRITON_INTERPRET"] == "1"), described
-
-
-SWITCH_SCRIPT = """
-import json, math, warnings
-warnings.simplefilter("ignore")
-from pagedbench.conformance import registry
-from pagedbench.conformance.gate import builders
-from pagedbench.conformance.gate.cases import AttentionCase
-import pagedbench.conformance.peers.vllm_unified as vu
-impl = registry.get("vllm-unified")
-inner, split = impl._kernel, []
-def watched(*args, **kwargs):  # the 3-D (split-K) launch is the one that writes the segment scratch
-    kwargs["softmax_segm_max"].fill_(math.nan)
-    inner(*args, **kwargs)
-    split.append(not bool(kwargs["softmax_segm_max"].isnan().all()))
-impl._kernel = watched
-n = vu.DISPATCH.decode_batch_sizes[0]
-for num_seqs in (n - 1, n):
-    case = AttentionCase("decode", block_size=16, seq_lens=(3,) * num_seqs, num_heads=4, num_kv_heads=2, head_dim=32)
-    builders.call(impl, case, builders.build(case, impl.device))
-print(json.dumps({"boundary": n, "split_k": split}))
-"""
-
-
-def test_vllm_unified_declared_batch_switch_is_where_its_launcher_switches():
-    """The decode batch size declared in vllm-unified's dispatch_boundaries is the first the 2-D kernel takes:
-    one sequence fewer still takes the 3-D (split-K) one, so the family's cases sit on both sides of it."""
-    python = _peers_python()
-    run = subprocess.run([str(python), "-c", SWITCH_SCRIPT], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert report["split_k"] == [True, False], report
