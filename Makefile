@@ -184,7 +184,7 @@ conformance-matrix: install
 ## subprocess. pagedbench goes in too (--no-deps, editable, with the gate's pytest plugins), so the gate and
 ## its workers run on that venv's interpreter: `.peers/bin/python -m pagedbench.conformance --impl ...`.
 PEERS_VENV ?= .peers
-VLLM_VERSION ?= 0.33.0
+VLLM_VERSION ?= 0.34.0
 SGLANG_VERSION ?= 0.5.23
 FLASHINFER_VERSION ?= 0.7.4
 # What `from vllm.v1.core.kv_cache_manager import KVCacheManager` imports on its way (vllm.utils, the

@@ -29,9 +29,10 @@ class DispatchBoundaries:
     decode_batch_sizes: tuple[int, ...] = ()  # numbers of sequences (of 2 KV heads) at which decode switches
     context_lens: tuple[int, ...] = ()  # sequence lengths (keys) at which decode or prefill switches
     gqa_groups: tuple[int, ...] = ()  # query heads per KV head at which decode switches
+    query_lens: tuple[int, ...] = ()  # longest query chunk (tokens) of a batch at which prefill switches
 
     def __post_init__(self) -> None:
-        for name in ("decode_batch_sizes", "context_lens", "gqa_groups"):
+        for name in ("decode_batch_sizes", "context_lens", "gqa_groups", "query_lens"):
             values = getattr(self, name)
             if (not isinstance(values, tuple) or len(values) > MAX_BOUNDARIES
                     or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
@@ -40,7 +41,7 @@ class DispatchBoundaries:
 
     def as_record(self) -> dict[str, list[int]]:
         return {"decode_batch_sizes": list(self.decode_batch_sizes), "context_lens": list(self.context_lens),
-                "gqa_groups": list(self.gqa_groups)}
+                "gqa_groups": list(self.gqa_groups), "query_lens": list(self.query_lens)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,8 +160,8 @@ def _prompt(seed: int, n: int) -> tuple[int, ...]:
     return tuple((seed * 7 + 3 * j + 1) % 97 for j in range(n))
 
 
-#: the scenarios of the family, one per feature (block size 4: a few tokens span several blocks)
-SCENARIOS = (
+#: the scenarios of the family, one per feature, with blocks of 4 (a few tokens span several blocks)
+SCENARIOS_BS4 = (
     # request 1 arrives once request 0's prompt is computed and published: it hits its first 2 blocks
     EngineScenario("prefix-hit", "prefix-hit", 4, 24, (
         EngineRequest(_prompt(1, 11), 6),
@@ -179,3 +179,27 @@ SCENARIOS = (
     EngineScenario("preempt-resume", "preempt", 4, 8, (
         EngineRequest(_prompt(6, 6), 10), EngineRequest(_prompt(7, 5), 10), EngineRequest(_prompt(8, 7), 8))),
 )
+
+#: the same four features with blocks of 16, the smallest block vLLM's attention kernels take (multiples
+#: of 16), so implementations that refuse blocks of 4 are judged on engine metadata too; prompts and
+#: budgets are scaled so that each still shows its feature (``record`` checks)
+SCENARIOS_BS16 = (
+    # request 1 shares request 0's first 32 prompt tokens (2 full blocks) and arrives once they are published
+    EngineScenario("prefix-hit", "prefix-hit", 16, 12, (
+        EngineRequest(_prompt(1, 40), 4),
+        EngineRequest((*_prompt(1, 40)[:32], 50, 51, 52), 3, arrival_step=1))),
+    # a budget of 20 tokens a step: prompts of 45 and 30 go in chunks beside the decodes
+    EngineScenario("chunked-prefill", "chunked", 16, 12, (
+        EngineRequest(_prompt(2, 45), 3), EngineRequest(_prompt(3, 30), 3, arrival_step=1)),
+        max_num_batched_tokens=20),
+    # a prompt of 20 (one full block and 4 tokens): its n=3 children copy the partial second block as
+    # they append; a second request arrives while they decode
+    EngineScenario("fork-n3", "fork", 16, 12, (
+        EngineRequest(_prompt(4, 20), 4, n=3), EngineRequest(_prompt(5, 18), 3, arrival_step=2))),
+    # 5 blocks of 16 for three requests that grow from one block to two each: one is preempted and
+    # recomputed into whatever blocks are free when it resumes
+    EngineScenario("preempt-resume", "preempt", 16, 5, (
+        EngineRequest(_prompt(6, 14), 8), EngineRequest(_prompt(7, 13), 8), EngineRequest(_prompt(8, 15), 6))),
+)
+
+SCENARIOS = SCENARIOS_BS4 + SCENARIOS_BS16

@@ -208,8 +208,10 @@ def vllm_stand_ins() -> dict[str, dict[str, object]]:
             "FP8_DTYPE": torch.float8_e4m3fn,
             "get_fp8_min_max": lambda: (-448.0, 448.0),  # e4m3fn's range, as off ROCm
         },
-        # chunked_prefill_paged_decode asks whether to use ROCm's custom kernel: never, off ROCm
-        "vllm.platforms.rocm": {"use_rocm_custom_paged_attention": lambda *args, **kwargs: False},
+        # chunked_prefill_paged_decode asks whether to use ROCm's custom kernel (never, off ROCm) and, since
+        # vLLM 0.34, whether the GPU is an RDNA one (for its launch's warps; never, off ROCm)
+        "vllm.platforms.rocm": {"use_rocm_custom_paged_attention": lambda *args, **kwargs: False,
+                                "on_rdna": lambda: False},
         "vllm.triton_utils": triton_stand_in(),
         "vllm._custom_ops": {},  # only ROCm's custom paged attention is called from it
     }

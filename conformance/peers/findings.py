@@ -236,6 +236,40 @@ def merges_read_an_empty_parts_output():
     return shows
 
 
+def sglang_grouped_decode_reads_the_wrong_kv_head():
+    import torch
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+    torch.manual_seed(0)
+    d, n, splits, scale = 32, 5, 2, 32**-0.5
+    shows = False
+    for heads, kv_heads in ((32, 2), (34, 2), (40, 2), (17, 1)):  # GQA groups 16, 17, 20, and 17 with one KV head
+        q = torch.randn(1, heads, d, dtype=torch.float16)
+        k = torch.randn(n, kv_heads, d, dtype=torch.float16)  # one sequence of n tokens: [tokens, kv_heads, d]
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+        decode_attention_fwd(
+            q,
+            k,
+            v,
+            out,
+            kv_indptr=torch.tensor([0, n], dtype=torch.int32),
+            kv_indices=torch.arange(n),
+            attn_logits=torch.empty(1, heads, splits, d),
+            attn_lse=torch.empty(1, heads, splits),
+            num_kv_splits=torch.full((1,), splits, dtype=torch.int32),
+            max_kv_splits=splits,
+            sm_scale=scale,
+            k_scale=1.0,
+            v_scale=1.0,
+        )
+        err = (out[0].double() - attend(q[0], k, v, scale)).abs().amax(-1)
+        wrong = [h for h in range(heads) if err[h] > 1e-2]
+        print(f"{heads} query heads over {kv_heads} KV heads (group {heads // kv_heads}): wrong heads {wrong}")
+        shows = shows or bool(wrong)
+    return shows
+
+
 def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: dict[str, object]) -> tuple[str, object]:
     """(source, value) of the ``keyword=`` argument of the first ``call(...)`` in an installed peer file,
     evaluated with ``self`` holding ``self_attrs``: what a backend passes to a kernel, read from its source."""
@@ -254,6 +288,7 @@ def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: di
 
 
 PAGED_DECODE_FILE = "vllm/v1/attention/ops/chunked_prefill_paged_decode.py"
+SGLANG_DECODE_FILE = "sglang/kernels/ops/attention/decode_attention.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +371,29 @@ FINDINGS = (
         (
             ("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),
             ("sglang/kernels/ops/attention/merge_state.py", "out = p_out * p_scale + s_out * s_scale"),
+        ),
+    ),
+    Finding(
+        "SGLang `decode_attention_fwd`: GQA groups past 16 that are not a multiple of 16 read another KV head",
+        "bug",
+        "sglang 0.5.23",
+        "The grouped decode kernel (`_fwd_grouped_kernel_stage1`) gives each KV head `cdiv(kv_group_num, "
+        "BLOCK_H)` head tiles of `BLOCK_H = 16` heads, but numbers the heads of tile `t` from `t * 16` "
+        "whatever KV head the tile belongs to (`cur_head = cur_head_id * VALID_BLOCK_H + ...`, "
+        "`cur_kv_head = cur_head_id // cdiv(kv_group_num, BLOCK_H)`). With a group of 17 to 31 (or any "
+        "group past 16 that 16 does not divide) and two or more KV heads, the tiles stop lining up with the "
+        "groups: the second tile of KV head 0 covers heads 16-31, of which 17-31 belong to KV head 1, so "
+        "they attend with KV head 0's keys and values, and no tile computes them with KV head 1's. One KV "
+        "head, or groups of up to 16 or of a multiple of 16, are right. A model with, on one rank, two or more "
+        "KV heads and such a group (e.g. 40 query heads over 2 KV heads: group 20) gets wrong attention in "
+        "every decode step. Found by the matrix's "
+        "dispatch family (`sglang-decode` declares the grouped kernel's head tile, a group of 17, as a "
+        "switch).",
+        sglang_grouped_decode_reads_the_wrong_kv_head,
+        (
+            (SGLANG_DECODE_FILE, "cur_kv_head = cur_head_id // tl.cdiv(kv_group_num, BLOCK_H)"),
+            (SGLANG_DECODE_FILE, "cur_head = cur_head_id * VALID_BLOCK_H + tl.arange(0, BLOCK_H)"),
+            (SGLANG_DECODE_FILE, "return triton.cdiv(head_num, min(_GROUPED_BLOCK_H, kv_group_num))"),
         ),
     ),
 )

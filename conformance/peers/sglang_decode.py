@@ -18,12 +18,19 @@ last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_bu
 ``[num_seqs, num_heads, splits, head_dim]`` as in the backend. No LSE is returned. ``k_scale`` and
 ``v_scale`` are 1.0, as that backend passes them for an unquantized cache; ``page_size`` is left at 1
 (the indices are token slots, as above).
+
+Its dispatch rules off AMD (``decode_attention_fwd`` in that file, SGLang 0.5.23; the Lean kernel is
+ROCm only), declared as ``dispatch_boundaries.gqa_groups``: ``kv_group_num == 1`` runs the MHA kernel
+(``decode_attention_fwd_normal``), a larger group the grouped one (``decode_attention_fwd_grouped``),
+whose head tiles hold ``min(_GROUPED_BLOCK_H, kv_group_num)`` heads of one KV head
+(``_grouped_head_tiles``, ``VALID_BLOCK_H``; ``_GROUPED_BLOCK_H = 16``): from a group of 17 one KV head's
+queries span two tiles. The split count is the caller's (``num_kv_splits``), not a rule of the kernel.
 """
 
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -75,7 +82,8 @@ class SglangDecodeAttention(PeerImplementation):
     """SGLang decode_attention_fwd (Triton): sglang/kernels/ops/attention/decode_attention.py"""
 
     distribution = "sglang"
-    capabilities = Capabilities(returns_lse=False)
+    # first group of the grouped kernel; first group whose queries span two head tiles (module docstring)
+    capabilities = Capabilities(returns_lse=False, dispatch_boundaries=DispatchBoundaries(gqa_groups=(2, 17)))
 
     def __init__(self) -> None:
         super().__init__()

@@ -17,11 +17,19 @@ calls this function: ``kv_cache_dtype="auto"`` and unit ``k_scale``/``v_scale`` 
 passed as the kernel itself reads it (W keys), not as that backend passes it (W - 1, from its
 ``self.sliding_window = (W - 1, 0)``): the row judges the kernel, and the backend's off-by-one is a
 finding of its own (``findings.md``).
-Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16 (and powers of
-two: the kernel's ``tl.arange(0, BLOCK_SIZE)``). No LSE, no split count. The backend accepts head sizes
+Declared from that backend: float16 and bfloat16, block sizes that are multiples of 16
+(``get_supported_kernel_block_sizes``: ``MultipleOf(16)``; since vLLM 0.34 the launcher reads a block
+in tiles of ``TRITON_BLOCK_SIZE``, the block itself up to 128 if a power of two, else 32, so any such
+block goes, up to 512 here as for ``vllm-unified``). No LSE, no split count. The backend accepts head sizes
 32, 64, ..., 256; the kernel pads any head size to a power of two and is judged on all of the suite's (a
 head-size check here would also hide how the kernel treats the validation cases' bad arguments). Prefill
 rows go to another kernel (``context_attention_fwd``), adapted on its own (``vllm_prefill``).
+
+Its one shape rule off ROCm (``chunked_prefill_paged_decode`` in that file, vLLM 0.34) is the query-head
+tile, ``num_queries_per_kv_padded = max(triton.next_power_of_2(num_queries_per_kv), 16)``: 16 rows up to
+a GQA group of 16, 32 from 17; declared as ``dispatch_boundaries.gqa_groups``. (Blocks past 128 tokens
+are read in tiles of 128, ``TRITON_BLOCK_SIZE``: a block-size rule the dispatch family has no kind for;
+ROCm's custom kernel, ``use_rocm_custom_paged_attention``, never runs here.)
 
 Under Triton's interpreter the kernel's ``tl.int64`` stride annotations are ignored (the interpreter
 types every integer argument by its value, int32 when it fits), so ``block id * stride`` wraps past 2^31
@@ -32,7 +40,7 @@ elements and the process segfaults where the compiled kernel computes in 64 bits
 from __future__ import annotations
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -43,7 +51,7 @@ from pagedbench.conformance.peers import (
 )
 
 KERNEL_MODULE = "vllm.v1.attention.ops.chunked_prefill_paged_decode"
-BLOCK_SIZES = frozenset((16, 32, 64, 128, 256))
+BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
 
 
 def load():
@@ -63,7 +71,11 @@ class VllmPagedDecode(PeerImplementation):
 
     distribution = "vllm"
     capabilities = Capabilities(
-        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, dtypes=(torch.float16, torch.bfloat16)
+        returns_lse=False,
+        block_sizes=BLOCK_SIZES,
+        supports_num_splits=False,
+        dtypes=(torch.float16, torch.bfloat16),
+        dispatch_boundaries=DispatchBoundaries(gqa_groups=(17,)),  # first group of the 32-row tile
     )
 
     def __init__(self) -> None:

@@ -16,8 +16,11 @@ and the arguments are those ``chunked_prefill_paged_decode`` passes: ``kv_cache_
 Declared from the kernel: float16, bfloat16 and float32 (it switches float32 to IEEE products on Turing
 only), any block size (its tiles resolve tokens against the physical block size, "tiles need not divide
 the page size"), no LSE. It has no decode entry of its own (decode rows go to ``kernel_paged_attention_2d``,
-the ``vllm-paged-decode`` row). Under Triton's interpreter, caches past 2^31 elements are refused as for
-that row (the interpreter ignores the kernel's ``tl.int64`` stride annotations).
+the ``vllm-paged-decode`` row). It has no dispatch rule by shape: ``context_attention_fwd`` launches one
+kernel with fixed tiles (``BLOCK_M = 128``, ``BLOCK_N = 64``) whatever the batch (its ALiBi kernel is
+not called here), so it declares no ``dispatch_boundaries`` and that family is "not supported". Under
+Triton's interpreter, caches past 2^31 elements are refused as for that row (the interpreter ignores the
+kernel's ``tl.int64`` stride annotations).
 """
 
 from __future__ import annotations

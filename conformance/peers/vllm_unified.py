@@ -10,9 +10,28 @@ copied. The arguments are those ``TritonAttentionImpl.forward`` passes::
                       seq_threshold_3D=128 // num_kv_heads, num_par_softmax_segments=16,
                       softmax_segm_output, softmax_segm_max, softmax_segm_expsum)
 
-with the split-K scratch that backend allocates (float32, a row per query token), so the kernel picks
-its 2-D or 3-D (split-K over 16 segments) launch from the batch's size as it does in vLLM: batches of
-fewer than ``128 // num_kv_heads`` decode rows take the 3-D one.
+with split-K scratch of a row per query token (float32), so the kernel picks its 2-D or 3-D (split-K
+over 16 segments) launch from the batch's shape as it does in vLLM: a batch takes the 3-D one while
+``num_seqs * cdiv(max_seqlen_q, BLOCK_Q) <= 128 // num_kv_heads`` and its longest chunk is at most
+``MAX_3D_QUERY_LEN`` (8) queries. The backend sizes its scratch for 8-query chunks only when speculative
+decoding asks for them (one query a row otherwise, and a batch with more query tokens than rows goes
+2-D); the scratch here is always large enough, so short prefill chunks take the 3-D path, as they do
+there with speculative decoding.
+
+Its dispatch rules (``unified_attention`` in that file, vLLM 0.34), declared as
+``dispatch_boundaries`` so that the gate reaches each path from both sides:
+
+* 2-D or 3-D: ``use_3d`` is off once ``num_seqs * triton.cdiv(max_seqlen_q, BLOCK_Q) >
+  seq_threshold_3D`` (128 // 2 for the gate's 2 KV heads; one Q block per decode row: the 2-D kernel
+  from 65 decode rows) or ``max_seqlen_q > MAX_3D_QUERY_LEN`` (the 2-D kernel from chunks of 9);
+* 3-D keys per segment: ``kernel_unified_attention`` gives each of the 16 segments
+  ``tiles_per_segment = cdiv(seq_len, NUM_SEGMENTS_PER_SEQ * TILE_SIZE)`` tiles of ``TILE_SIZE_DECODE``
+  (16 keys for 16- and 32-bit queries, ``_get_tile_size``): one tile per segment up to 256 keys, two
+  from 257 (and segments past the sequence's end return early);
+* query-head tile: ``BLOCK_M = 16 if num_queries_per_kv <= 16 else next_power_of_2(num_queries_per_kv)``
+  (``BLOCK_Q = BLOCK_M // num_queries_per_kv``): a wider tile from a GQA group of 17.
+
+Its ROCm (gfx1100/gfx1201), Blackwell large-head and batch-invariant branches do not run here.
 
 Declared from the backend (``TritonAttentionBackend``): float16, bfloat16 and float32; block sizes that
 are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants head sizes of 32 and more
@@ -28,7 +47,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from pagedbench.conformance.adapter import Capabilities, NotSupported, register
+from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
 from pagedbench.conformance.peers import (
     PeerImplementation,
     default_scale,
@@ -43,6 +62,16 @@ KERNEL_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 MIN_LAUNCH_GRID_SIZE_2D = 128
 NUM_PAR_SOFTMAX_SEGMENTS = 16
 BLOCK_SIZES = frozenset(16 * k for k in range(1, 33))
+# the kernel's MAX_3D_QUERY_LEN and its decode tile (_get_tile_size: 16 keys for 16- and 32-bit queries)
+MAX_3D_QUERY_LEN = 8
+TILE_SIZE_DECODE = 16
+# where unified_attention switches (module docstring), for the dispatch family's 2 KV heads
+DISPATCH = DispatchBoundaries(
+    decode_batch_sizes=(MIN_LAUNCH_GRID_SIZE_2D // 2 + 1,),  # first batch of the 2-D kernel
+    context_lens=(NUM_PAR_SOFTMAX_SEGMENTS * TILE_SIZE_DECODE + 1,),  # first length of 2 tiles per segment
+    gqa_groups=(17,),  # first group of a BLOCK_M wider than 16
+    query_lens=(MAX_3D_QUERY_LEN + 1,),  # first chunk of the 2-D kernel
+)
 
 
 def load():
@@ -55,7 +84,11 @@ class VllmUnifiedAttention(PeerImplementation):
 
     distribution = "vllm"
     capabilities = Capabilities(
-        returns_lse=False, block_sizes=BLOCK_SIZES, supports_num_splits=False, batch_invariant=False
+        returns_lse=False,
+        block_sizes=BLOCK_SIZES,
+        supports_num_splits=False,
+        batch_invariant=False,
+        dispatch_boundaries=DISPATCH,
     )
 
     def __init__(self) -> None:

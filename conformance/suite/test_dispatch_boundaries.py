@@ -4,7 +4,8 @@ A kernel can be wrong only for the sizes a rule sends to it (a split-K path from
 tensor-core path from some GQA group). An implementation declares where its rules switch in
 ``Capabilities.dispatch_boundaries`` (:class:`~pagedbench.conformance.capabilities.DispatchBoundaries`);
 for each declared boundary N this family runs cases at N-1, N and N+1 (numbers of sequences for decode,
-sequence lengths for decode and prefill, GQA groups for decode), with the implementation's own dispatch
+sequence lengths for decode and prefill, GQA groups for decode, the longest query chunk for prefill), with
+the implementation's own dispatch
 (``num_splits`` None), each against the float64 oracle. Nothing declared: "not supported".
 """
 
@@ -14,7 +15,7 @@ import pytest
 from pagedbench.conformance.gate.cases import AttentionCase
 from pagedbench.conformance.gate.harness import run_and_check
 
-KINDS = ("decode_batch_sizes", "context_lens", "gqa_groups")
+KINDS = ("decode_batch_sizes", "context_lens", "gqa_groups", "query_lens")
 LENGTHS = (37, 5, 130, 1, 64, 300, 17)  # the sequences of a batch, cycled: long and short, one of 1 key
 
 
@@ -30,9 +31,11 @@ def cases_around(kind: str, boundary: int) -> list[AttentionCase]:
         elif kind == "context_lens":
             out.append(AttentionCase("decode", block_size=16, seq_lens=(n, 3)))
             out.append(AttentionCase("prefill", block_size=16, seq_lens=(n, 3), q_lens=(min(n, 5), 3)))
-        else:
+        elif kind == "gqa_groups":
             out.append(AttentionCase("decode", block_size=16, seq_lens=(97, 16, 1), num_heads=2 * n,
                                      num_kv_heads=2, head_dim=32))
+        else:  # the longest chunk is n queries, after a context; beside a decode row and a whole short prompt
+            out.append(AttentionCase("prefill", block_size=16, seq_lens=(n + 40, 7, 3), q_lens=(n, 1, 3)))
     return out
 
 

@@ -25,22 +25,34 @@ def test_scenario_shows_its_feature_and_consistent_metadata(scenario):
         assert step.block_tables.shape[1] == -(-int(step.seq_lens.max()) // bs)  # no spare column
 
 
-@pytest.mark.parametrize("name,change", [
-    ("prefix-hit", {"requests": tuple(dataclasses.replace(r, arrival_step=0)
-                                      for r in engine_steps.SCENARIOS[0].requests)}),  # no hit: nothing published
-    ("fork-n3", {"requests": tuple(dataclasses.replace(r, n=1) for r in engine_steps.SCENARIOS[2].requests)}),
-    ("preempt-resume", {"num_blocks": 40}),
-    ("chunked-prefill", {"max_num_batched_tokens": 64}),
-])
-def test_scenario_without_its_feature_is_refused(name, change):
-    scenario = next(s for s in engine_steps.SCENARIOS if s.name == name)
+def _without_feature(scenario: engine_steps.EngineScenario) -> dict:
+    """The change to ``scenario`` that takes its feature away."""
+    return {
+        "prefix-hit": {"requests": tuple(dataclasses.replace(r, arrival_step=0)
+                                         for r in scenario.requests)},  # no hit: nothing published yet
+        "fork": {"requests": tuple(dataclasses.replace(r, n=1) for r in scenario.requests)},
+        "preempt": {"num_blocks": 40},
+        "chunked": {"max_num_batched_tokens": 64},
+    }[scenario.feature]
+
+
+@pytest.mark.parametrize("scenario", engine_steps.SCENARIOS, ids=[s.id for s in engine_steps.SCENARIOS])
+def test_scenario_without_its_feature_is_refused(scenario):
     with pytest.raises(AssertionError, match=f"no step shows {scenario.feature!r}"):
-        engine_steps.record(dataclasses.replace(scenario, **change))
+        engine_steps.record(dataclasses.replace(scenario, **_without_feature(scenario)))
+
+
+def test_each_feature_comes_with_blocks_of_4_and_of_16():
+    """Blocks of 16 for the kernels that take only multiples of 16 (vLLM's), each feature in both sets."""
+    for scenarios, bs in ((engine_steps.SCENARIOS_BS4, 4), (engine_steps.SCENARIOS_BS16, 16)):
+        assert sorted(s.feature for s in scenarios) == sorted(engine_steps.FEATURES)
+        assert {s.block_size for s in scenarios} == {bs}
 
 
 def test_the_family_reaches_both_attention_calls():
     """The engine sends a step of single-token chunks to paged_decode and any other to paged_prefill; the
     replayed runs hold both kinds, with blocks shared across sequences in each."""
-    steps = [s for sc in engine_steps.SCENARIOS for s in engine_steps.record(sc)]
-    assert any(s.decode_only and s.shares_blocks for s in steps)
-    assert any(not s.decode_only and s.shares_blocks for s in steps)
+    for scenarios in (engine_steps.SCENARIOS_BS4, engine_steps.SCENARIOS_BS16):
+        steps = [s for sc in scenarios for s in engine_steps.record(sc)]
+        assert any(s.decode_only and s.shares_blocks for s in steps)
+        assert any(not s.decode_only and s.shares_blocks for s in steps)
