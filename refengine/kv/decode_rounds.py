@@ -47,15 +47,9 @@ class DecodeRounds:
         """
         if type(num_rounds) is not int or num_rounds < 0:
             raise InvalidArgumentError(f"num_rounds must be an int >= 0, got {num_rounds!r}")
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
-
-            token_id = _token_id(token_id)
+        token_id = _checked_token(token_id)
         ids = list(seq_ids)
-        try:
-            seqs = [self._seqs[s] for s in ids]
-        except (KeyError, TypeError):
-            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        seqs = self._sequences_of(ids)
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
         bs, m = self._block_size, len(seqs)
@@ -117,10 +111,7 @@ class DecodeRounds:
         sequence) or when a sequence's partial last block is shared (a copy-on-write is due), and
         OutOfBlocksError when the blocks every pair needs are not all free.
         """
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
-
-            token_id = _token_id(token_id)
+        token_id = _checked_token(token_id)
         ids, cs = list(seq_ids), list(counts)
         if len(ids) != len(cs):
             raise InvalidArgumentError(f"counts must give one count per sequence: {len(cs)} counts for {len(ids)} "
@@ -128,10 +119,7 @@ class DecodeRounds:
         if cs and (set(map(type, cs)) != {int} or min(cs) < 0):  # at C speed
             bad = next(c for c in cs if type(c) is not int or c < 0)
             raise InvalidArgumentError(f"counts must be ints >= 0, got {bad!r}")
-        try:
-            seqs = [self._seqs[s] for s in ids]
-        except (KeyError, TypeError):
-            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        seqs = self._sequences_of(ids)
         bs = self._block_size
         # one pass: each pair's tokens appended (a sequence's later pairs start where its earlier ones
         # end) and its takes counted; undone if a check fails
@@ -186,15 +174,9 @@ class DecodeRounds:
         Raises, changing nothing: InvalidArgumentError when a sequence's partial last block is shared (a
         copy-on-write is due), OutOfBlocksError when fewer blocks than ids are free.
         """
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            from pagedbench.refengine.kv.block_manager import _token_id  # the one check of a token id
-
-            token_id = _token_id(token_id)
+        token_id = _checked_token(token_id)
         ids = list(seq_ids)
-        try:
-            seqs = [self._seqs[s] for s in ids]
-        except (KeyError, TypeError):
-            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        seqs = self._sequences_of(ids)
         bs = self._block_size
         if self._forks:  # only a fork shares a partial block (a prefix hit is a full one, never the last)
             for sid, seq in zip(ids, seqs):  # (a sequence's later ids find the block its first one took)
@@ -224,6 +206,12 @@ class DecodeRounds:
         self._table_blocks += num
         self._live_tokens += live
 
+    def _sequences_of(self, ids: list) -> list:
+        try:
+            return [self._seqs[s] for s in ids]
+        except (KeyError, TypeError):
+            return [self._get(s) for s in ids]  # raises the error that names the problem
+
     @staticmethod
     def _undo_runs(seqs: list, lengths: list[int]) -> None:
         """Give the first ``len(lengths)`` pairs' sequences back the tokens they had (a sequence's first pair
@@ -244,3 +232,13 @@ class DecodeRounds:
                 for s, seq in zip(ids, seqs):
                     if len(seq.token_ids) % bs == 0:
                         self.publish_blocks(s, len(seq.token_ids))
+
+
+def _checked_token(token_id: object) -> int:
+    """``token_id`` as a plain int; a plain int in range passes at once, anything else goes through the block
+    manager's one check of a token id (which names the problem)."""
+    if type(token_id) is int and 0 <= token_id < _MAX_TOKEN:
+        return token_id
+    from pagedbench.refengine.kv.block_manager import _token_id
+
+    return _token_id(token_id)
