@@ -44,10 +44,11 @@ from pagedbench.bench.calibrate_steps import (
     fit,
     fit_errors,
     median_rescaled,
+    predicted_s,
     samples_of,
-    step_batch,
 )
 from pagedbench.bench.calibrate_validation import validate
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.refengine import ModelConfig, load_model
@@ -96,11 +97,21 @@ ASSUMPTIONS = (
     "idle jump of its clock, whatever their shape. It depends on what else runs on the machine during the "
     "wait. An offline batch (this validation) never waits, so only the online check (calibrate_online) "
     "exercises it.",
+    "What a prefill costs the decode steps after it (measured apart from the fit: decode batches of several "
+    "sizes that a prompt of several lengths joins every few steps, each of the first decode steps after a join "
+    "timed against the same stretch's later ones): on a CPU a decode step right after a prefill runs slower "
+    "than the same shape after a long stretch of decodes (the prefill's activations evicted the weights from "
+    "the caches), the first most. The batched fits are made on the grid's steps less the median extra of each "
+    "decode step's place after its last prefill (interpolated in the prefill's tokens from 0 and in the "
+    "batch, held outside the measured sizes), so they price a shape's steady state; the simulator and every "
+    "per-step error add it back in step order. The grid's decode steps sit a few steps after a prefill (a "
+    "prompt joins every few steps), serving's mostly far from one: fitted without it, the model is pulled to "
+    "the costs right after a prefill and over-predicts long decode stretches (the fit without it is reported "
+    "beside). The extra depends on the caches, so on the model's size and on what else runs on the machine.",
 )
 
 
-def _sample_row(step: TimedStep, cost) -> dict:
-    predicted = cost.step_time_s(step_batch(step.shape))
+def _sample_row(step: TimedStep, predicted: float) -> dict:
     return {"kind": step.kind, "num_tokens": step.shape.num_tokens,
             "prefill_chunks": [list(c) for c in step.shape.prefill_chunks],
             "decode_context_lens": list(step.shape.decode_context_lens),
@@ -108,35 +119,42 @@ def _sample_row(step: TimedStep, cost) -> dict:
             "rel_error": predicted / step.step_s - 1.0}
 
 
-def _fit_section(steps: list[TimedStep], cost, clock: str) -> dict:
+def _fit_section(steps: list[TimedStep], cost, clock: str, after: AfterPrefillCost | None) -> dict:
     constant = constant_fit(steps, clock)
     return {
         "label": cost.label,
         "coefficients": {t: getattr(cost, t) for t in terms_of(cost)},
-        "fit_errors": fit_errors(cost, steps, clock),
+        "fit_errors": fit_errors(cost, steps, clock, after),
         "constant_baseline": {"step_s": constant, "errors": error_summary(
             np.array([constant / s.seconds(clock) - 1.0 for s in steps]))},
     }
 
 
-def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float) -> dict:
+def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float,
+                        after: AfterPrefillCost | None = None) -> dict:
     """The fits (wall clock: the main one; CPU clock, the median-rescaled wall fit and the linear terms'
-    wall fit: diagnostics)."""
+    wall fit: diagnostics); ``after``: what a prefill costs the decode steps after it, taken off the steps
+    before the batched fits and charged with them (the linear terms are the earlier model, without it)."""
     return {
         "wall_s": wall_s,
         "num_samples": len(steps),
         "num_samples_by_kind": {k: sum(s.kind == k for s in steps) for k in KINDS},
         "max_decode_batch": max((len(s.shape.decode_context_lens) for s in steps), default=0),
-        **_fit_section(steps, costs["wall"], "wall"),
+        **_fit_section(steps, costs["wall"], "wall", after),
         # per term, the share of its design column no other term explains (0: not identifiable from the grid)
         "identifiability": term_identifiability(samples_of(steps, "wall")),
-        "cpu_clock": _fit_section(steps, costs["cpu"], "cpu"),
-        "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall"),
-        "linear_terms": _fit_section(steps, costs["linear"], "wall"),
+        "cpu_clock": _fit_section(steps, costs["cpu"], "cpu", after),
+        "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall", after),
+        "linear_terms": _fit_section(steps, costs["linear"], "wall", None),
         "host_share_median": float(np.median([1.0 - s.execute_s / s.step_s for s in steps])),
         "cpu_share_of_wall": sum(s.cpu_s for s in steps) / sum(s.step_s for s in steps),
-        "samples": [_sample_row(s, costs["wall"]) for s in steps],
-        "decode_since_prefill": decode_errors_since_prefill(costs["wall"], [steps]),
+        "samples": [_sample_row(s, p) for s, p in zip(steps, predicted_s(costs["wall"], steps, after))],
+        "decode_since_prefill": decode_errors_since_prefill(costs["wall"], [steps], "wall", after),
+        "after_prefill": after.to_record() if after is not None else None,
+        # the same fit made without it: what pricing it changes
+        "without_after_prefill": {
+            **_fit_section(steps, costs["without_after_prefill"], "wall", None),
+            "decode_since_prefill": decode_errors_since_prefill(costs["without_after_prefill"], [steps], "wall")},
     }
 
 
@@ -162,14 +180,16 @@ def run(cfg: CalibrateConfig) -> dict:
     loaded = load_model(model_cfg, dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
     load_before = os.getloadavg()
     start = time.perf_counter()
-    steps, wake = calibration_steps(loaded, cfg)
-    costs = {"wall": fit(steps, "wall"), "cpu": fit(steps, "cpu")}
-    costs["median_rescaled"] = median_rescaled(costs["wall"], steps, "wall")
+    steps, wake, after = calibration_steps(loaded, cfg)
+    costs = {"wall": fit(steps, "wall", after=after), "cpu": fit(steps, "cpu", after=after)}
+    costs["median_rescaled"] = median_rescaled(costs["wall"], steps, "wall", after)
     costs["linear"] = fit(steps, "wall", batched=False)
-    calibration = calibration_section(steps, costs, time.perf_counter() - start)
+    costs["without_after_prefill"] = fit(steps, "wall")
+    calibration = calibration_section(steps, costs, time.perf_counter() - start, after)
     calibration["wake"] = wake.to_record()
     start = time.perf_counter()
-    validation = validate(loaded, cfg, costs["wall"], costs["cpu"], costs["median_rescaled"], costs["linear"])
+    validation = validate(loaded, cfg, costs["wall"], costs["cpu"], costs["median_rescaled"], costs["linear"],
+                          after, costs["without_after_prefill"])
     validation["wall_s"] = time.perf_counter() - start
     record = {
         "schema_version": SCHEMA_VERSION,

@@ -59,6 +59,12 @@ class GridSpec:
     wake_pairs: int  # (no wait, wait) pairs per gap
     wake_steps: int  # steps timed after each wait (a prefill, then decodes)
     wake_prompt_len: int  # the lone prompt's length
+    after_prefill_batches: tuple[int, ...]  # decode batch sizes the steps after a prefill are timed at
+    after_prefill_lens: tuple[int, ...]  # the prompts that join them (increasing)
+    after_prefill_context: int  # the decoding sequences' prompt length
+    after_prefill_steps: int  # decode steps after a prefill priced apart (the rest are its steady state)
+    after_prefill_stretch: int  # decode steps between two joins (> after_prefill_steps)
+    after_prefill_repeats: int  # joins per batch size and prompt length
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +211,29 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if max(g.join_batches) * join_longest + 2 * max(g.join_prefill_lens) > e.num_blocks * e.block_size:
         raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold a join run "
                                            f"({max(g.join_batches)} x {join_longest} tokens) unpreempted")
-    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens", "join_prefill_lens"):
-        if max(getattr(g, name)) >= e.max_model_len:
+    for name in ("after_prefill_batches", "after_prefill_lens"):
+        sizes = getattr(g, name)
+        if list(sizes) != sorted(set(sizes)):
+            raise r.error(f"grid.{name}", f"expected strictly increasing sizes, got {list(sizes)}")
+    if g.after_prefill_stretch <= g.after_prefill_steps:
+        raise r.error("grid.after_prefill_stretch", f"a stretch of {g.after_prefill_stretch} decode steps leaves "
+                                                    f"no steady state after the {g.after_prefill_steps} priced ones")
+    if max(g.after_prefill_batches) + 1 > e.max_num_seqs:
+        raise r.error("grid.after_prefill_batches", f"{max(g.after_prefill_batches)} decodes and a joining prompt "
+                                                    f"exceed engine.max_num_seqs {e.max_num_seqs}")
+    after_longest = g.after_prefill_context + after_prefill_tokens(cfg)
+    if after_longest > e.max_model_len:
+        raise r.error("grid.after_prefill_stretch", f"a sequence timed after prefills reaches {after_longest} "
+                                                    f"tokens, more than engine.max_model_len {e.max_model_len}")
+    if max(g.after_prefill_batches) * after_longest + max(g.after_prefill_lens) > e.num_blocks * e.block_size:
+        raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold "
+                                           f"{max(g.after_prefill_batches)} x {after_longest} tokens unpreempted")
+    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens", "join_prefill_lens", "after_prefill_lens",
+                 "after_prefill_context"):
+        longest_prompt = max(getattr(g, name)) if name != "after_prefill_context" else getattr(g, name)
+        if longest_prompt >= e.max_model_len:
             raise r.error(f"grid.{name}", f"prompts must be shorter than engine.max_model_len "
-                                          f"{e.max_model_len}, got {max(getattr(g, name))}")
+                                          f"{e.max_model_len}, got {longest_prompt}")
 
 
 def decode_run_tokens(cfg: CalibrateConfig, context: int) -> int:
@@ -217,6 +242,14 @@ def decode_run_tokens(cfg: CalibrateConfig, context: int) -> int:
     e, g = cfg.engine, cfg.grid
     prefill_steps = -(-g.decode_batches[0] * context // e.max_num_batched_tokens)
     return prefill_steps + g.steps_per_batch * len(g.decode_batches) + 1
+
+
+def after_prefill_tokens(cfg: CalibrateConfig) -> int:
+    """The tokens a decoding sequence of the after-prefill runs generates: one per prefill step of its batch,
+    a first stretch, then per join its step and a stretch, and one to spare."""
+    e, g = cfg.engine, cfg.grid
+    prefill_steps = -(-max(g.after_prefill_batches) * g.after_prefill_context // e.max_num_batched_tokens)
+    return prefill_steps + g.after_prefill_stretch + g.after_prefill_repeats * (g.after_prefill_stretch + 1) + 1
 
 
 def join_pairs(lens: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:

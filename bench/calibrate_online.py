@@ -12,7 +12,8 @@ Poisson arrivals in real time.
    request once its arrival time has passed and otherwise steps, or sleeps when idle), and the serving
    simulator once with the fitted model on the same arrivals; the model includes the calibration's
    measured cost of waking an idle engine (:mod:`bench.costmodel.wake_cost`), charged to the first step
-   after each idle wait of the simulator's clock.
+   after each idle wait of the simulator's clock, and what a prefill costs the decode steps after it
+   (:mod:`bench.costmodel.after_prefill`), charged to the first decode steps after each prefill.
 4. TTFT, TPOT and E2E compared per request, at p50/p90/p99 and by the KS statistic
    (:mod:`bench.online_compare`), beside the two real runs' spread.
 5. The same comparison for a second model: the calibration grid measured again in this process just
@@ -42,6 +43,7 @@ from pagedbench.bench.arrivals import arrival_times
 from pagedbench.bench.calibrate_config import CONFIG, MODELS, EngineSpec, load_config
 from pagedbench.bench.calibrate_steps import build_engine, calibration_steps, fit, step_batch
 from pagedbench.bench.calibrate_validation import serve_simulated
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
@@ -176,8 +178,11 @@ def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[
     split by it too, since a step that wakes an idle engine runs on cold caches, which no step shape says.
     ``idle_gaps_s[i]``: how long that wait was (None: busy); with a ``step_time_s.wake_s`` (the simulator's
     price of waking, :mod:`bench.costmodel.wake_cost`) the first steps after each wait are predicted with it,
-    as the simulator does."""
+    as the simulator does; with a ``step_time_s.after_prefill_s`` (:mod:`bench.costmodel.after_prefill`) so are
+    the first decode steps after each prefill."""
     wake = getattr(step_time_s, "wake_s", None)
+    after = getattr(step_time_s, "after_prefill_s", None)
+    tracker = after.tracker() if after is not None else None
     if idle_gaps_s is None or wake is None:
         idle_gaps_s = [None] * len(steps)
     elif len(idle_gaps_s) != len(steps):
@@ -186,7 +191,8 @@ def step_error(steps: Sequence[tuple[StepShape, float]], step_time_s: Callable[[
     for (shape, _), gap in zip(steps, idle_gaps_s):
         if gap is not None:
             extra = wake(gap)
-        predicted.append(step_time_s(shape) + (extra[0] if extra else 0.0))
+        predicted.append(step_time_s(shape) + (extra[0] if extra else 0.0)
+                         + (tracker.extra(shape) if tracker is not None else 0.0))
         extra = extra[1:]
     predicted = np.array(predicted)
     measured = np.array([seconds for _, seconds in steps])
@@ -214,9 +220,10 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_cost(path: Path, spec: EngineSpec) -> tuple[BatchedStepCost, WakeCost | None]:
-    """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine, and its
-    measured cost of waking an idle engine (None in a record from before it was measured)."""
+def load_cost(path: Path, spec: EngineSpec) -> tuple[BatchedStepCost, WakeCost | None, AfterPrefillCost | None]:
+    """The wall-clock batched fit of a calibration record, checked to be of ``spec``'s engine, its measured
+    cost of waking an idle engine and what a prefill costs the decode steps after it (each None in a record
+    from before it was measured)."""
     record = json.loads(Path(path).read_text())
     if record["config"]["engine"] != asdict(spec):
         raise ValueError(f"{path} was calibrated on engine {record['config']['engine']}, expected {asdict(spec)}; "
@@ -226,32 +233,34 @@ def load_cost(path: Path, spec: EngineSpec) -> tuple[BatchedStepCost, WakeCost |
     if missing:
         raise ValueError(f"{path}: the fit lacks the batched terms {missing}")
     wake = WakeCost.from_record(cal["wake"]) if cal.get("wake") else None
-    return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS}), wake
+    after = AfterPrefillCost.from_record(cal["after_prefill"]) if cal.get("after_prefill") else None
+    return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS}), wake, after
 
 
 def run(config: Path, calibration: Path, refit: bool = True) -> dict:
     """The online check (module docstring); the result record."""
     cfg = load_config(config, quick=False)
     spec = cfg.engine
-    cost, wake = load_cost(calibration, spec)
+    cost, wake, after = load_cost(calibration, spec)
     torch.set_num_threads(spec.torch_threads)
     model_cfg = ModelConfig.from_yaml(MODELS, name=spec.model)
     loaded = load_model(model_cfg, dtype=spec.dtype, attention_backend=spec.attention_backend, seed=spec.seed)
     trace = make_trace(Workload("sharegpt", "sharegpt", LENGTH_SCALE, NUM_REQUESTS),
                        vocab_size=model_cfg.vocab_size, max_model_len=spec.max_model_len, seed=TRACE_SEED)
-    offline = serve_simulated(spec, trace, cost)
+    offline = serve_simulated(spec, trace, cost, after)
     saturation = NUM_REQUESTS / offline.makespan_s
     load_before, start = os.getloadavg(), time.perf_counter()
-    step_time_s = with_wake(lambda shape: cost.step_time_s(step_batch(shape)), wake)
+    step_time_s = with_wake(lambda shape: cost.step_time_s(step_batch(shape)), wake, after)
     warm, _ = build_engine(loaded, spec)  # one untimed offline pass: the first steps of a process are slow
     serve_online(warm.core, [0.0] * 4, trace.prompts[:4], [8] * 4, wall_wait_until(warm.core.clock))
     # The same grid measured again in this process, just before the real runs: a shared machine's speed
     # drifts between sessions by more than the model's error, and this fit sees the speed the runs see.
-    here, here_wake = None, None
+    here, here_wake, here_after = None, None, None
     if refit:
-        here_steps, here_wake = calibration_steps(loaded, cfg)
-        here = fit(here_steps)
-    here_time_s = None if here is None else with_wake(lambda shape: here.step_time_s(step_batch(shape)), here_wake)
+        here_steps, here_wake, here_after = calibration_steps(loaded, cfg)
+        here = fit(here_steps, after=here_after)
+    here_time_s = None if here is None else with_wake(lambda shape: here.step_time_s(step_batch(shape)), here_wake,
+                                                      here_after)
     rates = []
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
@@ -287,6 +296,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         "environment": environment(),
         "config": {"path": _shown(config), "calibration": _shown(calibration), "engine": asdict(spec),
                    "cost_model": asdict(cost), "wake": None if wake is None else wake.to_record(),
+                   "after_prefill": None if after is None else after.to_record(),
                    "num_requests": NUM_REQUESTS, "length_scale": LENGTH_SCALE,
                    "trace_seed": TRACE_SEED, "arrival_seed": ARRIVAL_SEED, "goal_floor": GOAL_FLOOR,
                    "goal_spread_factor": GOAL_SPREAD_FACTOR,
@@ -298,6 +308,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         "rates": rates,
         "in_process_fit": None if here is None else asdict(here),
         "in_process_wake": None if here_wake is None else here_wake.to_record(),
+        "in_process_after_prefill": None if here_after is None else here_after.to_record(),
         "goal_met": all(m["goal_met"] for r in rates for m in r["metrics"].values()),
         "goal_met_in_process_fit": None if here is None else all(
             m["goal_met"] for r in rates for m in r["in_process_fit"]["metrics"].values()),

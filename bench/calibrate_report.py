@@ -103,6 +103,25 @@ def _wake_table(wake: dict | None) -> list[str]:
     ]
 
 
+def _after_prefill_table(after: dict | None) -> list[str]:
+    if not after:
+        return []
+    rows = []
+    for batch, row, pair_row in zip(after["batches"], after["extra_s"], after["pairs"]):
+        for tokens, extra, pairs in zip(after["prefill_tokens"], row, pair_row):
+            steady = float(np.median([s for s, _ in pairs[0]]))
+            rows.append((batch, tokens, len(pairs[0]), f"{steady * 1e3:.2f} ms", *(f"{e * 1e3:+.2f}" for e in extra)))
+    return [
+        "## What a prefill costs the decode steps after it", "",
+        "Decode batches that a prompt joins every few steps (for one step): the median extra time (ms) of each of "
+        "the first decode steps after the join, against the same stretch's later steps (its steady state). The "
+        "batched fits are made on the grid's steps less these, and the simulator charges them after each prefill "
+        "(interpolated in the prefill's tokens from 0 and in the batch).", "",
+        tabulate(rows, ["decoding sequences", "prefill tokens", "joins", "steady step",
+                        *(f"decode {i + 1}" for i in range(len(after["extra_s"][0][0])))], tablefmt="github"), "",
+    ]
+
+
 def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
     lat, sched, mk = v["latency"], v["schedule"], v["makespan"]
     t = v["trace"]
@@ -142,6 +161,9 @@ def _variants_table(record: dict) -> list[str]:
     variants = (("wall clock, the fitted terms (the result)", cal, v),
                 ("wall clock, fit rescaled to median error 0", cal["median_rescaled"], v["median_rescaled"]),
                 ("CPU time (process_time), the same terms", cal["cpu_clock"], v["cpu_clock"]))
+    if "without_after_prefill" in cal:
+        variants += (("wall clock, the same terms fitted and charged without a prefill's cost to the decode "
+                      "steps after it", cal["without_after_prefill"], v["without_after_prefill"]),)
     if "linear_terms" in cal:
         variants += (("wall clock, the linear terms only (the old fit)", cal["linear_terms"], v["linear_terms"]),)
     rows = []
@@ -162,27 +184,33 @@ def _variants_table(record: dict) -> list[str]:
 
 
 def _since_prefill_table(record: dict) -> list[str]:
-    grid, trace = record["calibration"].get("decode_since_prefill"), record["validation"].get("decode_since_prefill")
+    cal, v = record["calibration"], record["validation"]
+    grid, trace = cal.get("decode_since_prefill"), v.get("decode_since_prefill")
     if not grid or not trace:  # a record written before this diagnostic
         return []
+    plain_grid = cal.get("without_after_prefill", {}).get("decode_since_prefill") or [None] * len(grid)
+    plain_trace = v.get("without_after_prefill", {}).get("decode_since_prefill") or [None] * len(trace)
 
-    def cells(row: dict) -> tuple:
-        if not row["num_steps"]:
-            return 0, "-", "-"
-        return row["num_steps"], _pct(row["median_signed"]), f"{row['median_step_s'] * 1e3:.2f} ms"
+    def error(row: dict | None) -> str:
+        return "-" if row is None or not row["num_steps"] else _pct(row["median_signed"])
 
-    rows = [(g["since_prefill"], *cells(g), *cells(t)) for g, t in zip(grid, trace)]
+    def step(row: dict) -> str:
+        return "-" if not row["num_steps"] else f"{row['median_step_s'] * 1e3:.2f} ms"
+
+    rows = [(g["since_prefill"], g["num_steps"], step(g), error(g), error(pg), t["num_steps"], step(t), error(t),
+             error(pt)) for g, t, pg, pt in zip(grid, trace, plain_grid, plain_trace)]
     return [
         "## Decode steps by their distance from a prefill", "",
-        "The fitted model's signed error (predicted / measured - 1) on decode-only steps, by how many decode "
-        "steps have run since the last step with a prefill chunk (1: the step right after it): on the grid "
-        "(its samples) and on the validation trace's two real runs (out of sample). The model prices a step "
-        "by its shape alone, so a trend down the rows is a cost that depends on what ran before it, which no "
-        "shape shows. The grid's decode stretches are short (a prompt joins every few steps), an offline "
-        "batch's tail and a lightly loaded server's are long: where long stretches run faster than the "
-        "grid's short ones, the model over-predicts them.", "",
-        tabulate(rows, ["decode steps since a prefill", "grid: steps", "grid: median error", "grid: median step",
-                        "trace: steps", "trace: median error", "trace: median step"], tablefmt="github"), "",
+        "The model's signed error (predicted / measured - 1) on decode-only steps, by how many decode steps have "
+        "run since the last step with a prefill chunk (1: the step right after it): on the grid (its samples) "
+        "and on the validation trace's two real runs (out of sample); with the cost a prefill leaves to the "
+        "decode steps after it (the result) and with the same terms fitted without it. Priced by its shape "
+        "alone, a step's error trends down the rows when its cost depends on what ran before it: the grid's "
+        "decode stretches are short (a prompt joins every few steps), an offline batch's tail and a lightly "
+        "loaded server's are long.", "",
+        tabulate(rows, ["decode steps since a prefill", "grid: steps", "grid: median step", "grid: error",
+                        "grid: error without", "trace: steps", "trace: median step", "trace: error",
+                        "trace: error without"], tablefmt="github"), "",
     ]
 
 
@@ -200,6 +228,7 @@ def render_markdown(record: dict) -> str:
         f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
         *_fit_tables(record["calibration"]),
         *_wake_table(record["calibration"].get("wake")),
+        *_after_prefill_table(record["calibration"].get("after_prefill")),
         *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
         *_variants_table(record),
         *_since_prefill_table(record),

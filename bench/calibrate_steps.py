@@ -25,7 +25,12 @@ The grid (``GridSpec``, bench/configs/calibrate.yaml), served by one engine afte
   first steps), ``prefill_repeats`` times;
 - *wake pairs* (:meth:`StepGrid.wake_pairs`, timed apart from the fit's steps): a lone prompt's first
   ``wake_steps`` steps served right after the previous request and after an idle wait of each of
-  ``wake_gaps_ms``: the cost of the steps that start an idle engine (:mod:`bench.costmodel.wake_cost`).
+  ``wake_gaps_ms``: the cost of the steps that start an idle engine (:mod:`bench.costmodel.wake_cost`);
+- *after-prefill runs* (:meth:`StepGrid.after_prefill`, timed apart from the fit's steps): decode batches
+  that a prompt joins every ``after_prefill_stretch`` decode steps: what a prefill costs the decode steps
+  after it (:mod:`bench.costmodel.after_prefill`). The fit is made on the grid's steps less that cost
+  (:func:`samples_of`), so that it prices a shape's steady state, and every prediction of steps in their
+  order adds it back (:func:`predicted_s`), as the simulator does.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ import numpy as np
 from pagedbench.bench.calibrate_config import (
     CalibrateConfig,
     EngineSpec,
+    after_prefill_tokens,
     decode_run_tokens,
     join_pairs,
     join_run_tokens,
 )
 from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
-from pagedbench.bench.costmodel.calibration import fit_batched_profile, relative_errors, terms_of
+from pagedbench.bench.costmodel.calibration import fit_batched_profile, terms_of
 from pagedbench.bench.costmodel.wake_cost import WakeCost
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.engine.core import StepShape
@@ -209,10 +216,50 @@ class StepGrid:
                     step.append((w.step_s, a.step_s))
         return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], pairs)
 
+    def _after_prefill_stretches(self, batch: int, prompt_len: int, cell: list[list[tuple[float, float]]]) -> None:
+        """One batch that a prompt of ``prompt_len`` joins every stretch: ``cell[i]`` gets a (steady, after) pair
+        of decode step ``i + 1`` after each join."""
+        g = self.cfg.grid
+        k, stretch = g.after_prefill_steps, g.after_prefill_stretch
+        for _ in range(batch):
+            self.add(g.after_prefill_context, after_prefill_tokens(self.cfg))
+        joins, run = 0, 0
 
-def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost]:
-    """Serve the grid on one engine (see the module docstring): every timed step (warm-up and wake pairs
-    excluded), and the wake pairs' cost of waking an idle engine."""
+        def join(steps: list[TimedStep]) -> None:
+            nonlocal joins, run
+            run = run + 1 if steps and steps[-1].kind == "decode" else 0
+            if run == stretch and joins < g.after_prefill_repeats:
+                self.add(prompt_len, 1)  # its prefill is the next step's; it leaves with that step
+                joins += 1
+
+        steps = run_engine(self.llm, self.timer, join)
+        for i, s in enumerate(steps):
+            after = steps[i + 1:i + 1 + stretch]
+            if (s.shape.num_prefill_tokens != prompt_len or len(s.shape.decode_context_lens) != batch
+                    or len(after) < stretch or any(a.kind != "decode" for a in after)
+                    or any(len(a.shape.decode_context_lens) != batch for a in after)):
+                continue  # not a join, or a stretch cut short
+            steady = float(np.median([a.step_s for a in after[k:]]))
+            for step, a in zip(cell, after):
+                step.append((steady, a.step_s))
+
+    def after_prefill(self) -> AfterPrefillCost:
+        """Per decode batch size and joining prompt length, ``after_prefill_repeats`` stretches of decode steps
+        after the prompt's prefill: each of the first ``after_prefill_steps`` against the median of the same
+        stretch's later steps (the steady state, a few tokens of context on)."""
+        g = self.cfg.grid
+        pairs = [[[[] for _ in range(g.after_prefill_steps)] for _ in g.after_prefill_lens]
+                 for _ in g.after_prefill_batches]
+        for cells, batch in zip(pairs, g.after_prefill_batches):
+            for cell, prompt_len in zip(cells, g.after_prefill_lens):
+                self._after_prefill_stretches(batch, prompt_len, cell)
+        return AfterPrefillCost.measured(g.after_prefill_batches, g.after_prefill_lens, pairs)
+
+
+def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost, AfterPrefillCost]:
+    """Serve the grid on one engine (see the module docstring): every timed step (warm-up, wake pairs and
+    after-prefill runs excluded), the wake pairs' cost of waking an idle engine, and the after-prefill runs'
+    cost of a prefill to the decode steps after it."""
     llm, timer = build_engine(loaded, cfg.engine)
     grid = StepGrid(llm, timer, cfg)
     grid.warm_up()
@@ -223,11 +270,22 @@ def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], Wa
     for j, batch in enumerate(cfg.grid.join_batches):
         steps += grid.join_run(batch, rotate=3 * j)
     steps += grid.lone_prompts()
-    return steps, grid.wake_pairs()
+    return steps, grid.wake_pairs(), grid.after_prefill()
 
 
-def samples_of(steps: Sequence[TimedStep], clock: str = "wall") -> list[StepSample]:
-    return [StepSample(step_batch(s.shape), s.seconds(clock)) for s in steps]
+def samples_of(steps: Sequence[TimedStep], clock: str = "wall",
+               after: AfterPrefillCost | None = None) -> list[StepSample]:
+    """The steps (in the order they ran) as fit samples; with ``after``, each less the extra time a prefill
+    before it costs it (the shape's steady-state time)."""
+    extras = after.extras_in_order(s.shape for s in steps) if after is not None else [0.0] * len(steps)
+    return [StepSample(step_batch(s.shape), s.seconds(clock) - x) for s, x in zip(steps, extras)]
+
+
+def predicted_s(cost, steps: Sequence[TimedStep], after: AfterPrefillCost | None = None) -> np.ndarray:
+    """``cost``'s time of each of ``steps`` (in the order they ran): its shape's, plus with ``after`` the
+    extra of a decode step after a prefill, as the serving simulator charges it."""
+    base = np.array([cost.step_time_s(step_batch(s.shape)) for s in steps], dtype=float)
+    return base + np.array(after.extras_in_order(s.shape for s in steps)) if after is not None and steps else base
 
 
 def error_summary(errors: np.ndarray) -> dict[str, float | int]:
@@ -241,9 +299,9 @@ def error_summary(errors: np.ndarray) -> dict[str, float | int]:
 
 
 def fit_errors(cost: StepCostModel | BatchedStepCost, steps: Sequence[TimedStep],
-               clock: str = "wall") -> dict[str, dict]:
-    """:func:`error_summary` of ``cost`` on ``steps``: all of them and each kind."""
-    errors = relative_errors(cost, samples_of(steps, clock))
+               clock: str = "wall", after: AfterPrefillCost | None = None) -> dict[str, dict]:
+    """:func:`error_summary` of ``cost`` (and ``after``) on ``steps``: all of them and each kind."""
+    errors = predicted_s(cost, steps, after) / np.array([s.seconds(clock) for s in steps]) - 1.0
     kinds = np.array([s.kind for s in steps])
     return {"all": error_summary(errors), **{k: error_summary(errors[kinds == k]) for k in KINDS}}
 
@@ -252,21 +310,22 @@ def fit_errors(cost: StepCostModel | BatchedStepCost, steps: Sequence[TimedStep]
 SINCE_PREFILL = ((1, 1), (2, 2), (3, 3), (4, 7), (8, None))
 
 
-def decode_errors_since_prefill(cost, runs: Sequence[Sequence[TimedStep]], clock: str = "wall") -> list[dict]:
-    """``cost``'s relative error on the decode-only steps of ``runs`` (each in step order), by how many decode
-    steps have run since the last step with a prefill chunk (a run's first steps before any prefill count
-    as far from one). The model prices a step by its shape alone: a trend down the buckets is a cost that
-    depends on what ran before, which no shape shows."""
+def decode_errors_since_prefill(cost, runs: Sequence[Sequence[TimedStep]], clock: str = "wall",
+                                after: AfterPrefillCost | None = None) -> list[dict]:
+    """``cost``'s (with ``after``'s extras) relative error on the decode-only steps of ``runs`` (each in step
+    order), by how many decode steps have run since the last step with a prefill chunk (a run's first steps
+    before any prefill count as far from one). A shape prices a step alone: a trend down the buckets is a
+    cost that depends on what ran before, which ``after`` is there to price."""
     since, rows = [], []
     for steps in runs:
         n = 1 << 30
-        for s in steps:
+        for s, predicted in zip(steps, predicted_s(cost, steps, after)):
             if s.kind != "decode":
                 n = 0
                 continue
             n += 1
             since.append(n)
-            rows.append((cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) - 1.0, s.seconds(clock)))
+            rows.append((predicted / s.seconds(clock) - 1.0, s.seconds(clock)))
     since_a, err = np.array(since), np.array(rows).reshape(-1, 2)
     out = []
     for lo, hi in SINCE_PREFILL:
@@ -285,22 +344,41 @@ def constant_fit(steps: Sequence[TimedStep], clock: str = "wall") -> float:
     return float(np.sum(1 / y) / np.sum(1 / y ** 2))
 
 
-def fit(steps: Sequence[TimedStep], clock: str = "wall", *,
-        batched: bool = True) -> StepCostModel | BatchedStepCost:
+def fit(steps: Sequence[TimedStep], clock: str = "wall", *, batched: bool = True,
+        after: AfterPrefillCost | None = None) -> StepCostModel | BatchedStepCost:
     """:func:`fit_batched_profile` (``batched``: the CPU default backend's nine terms) or :func:`fit_profile`
-    (the five linear terms) on the steps' ``clock`` durations."""
-    label = f"CPU engine fit to {len(steps)} timed steps ({clock} clock, {'batched' if batched else 'linear'} terms)"
-    return (fit_batched_profile if batched else fit_profile)(samples_of(steps, clock), label=label)
+    (the five linear terms) on the steps' ``clock`` durations, less ``after``'s extras (see :func:`samples_of`)."""
+    less = ", less a prefill's cost to the decode steps after it" if after is not None else ""
+    terms = "batched" if batched else "linear"
+    label = f"CPU engine fit to {len(steps)} timed steps ({clock} clock, {terms} terms{less})"
+    return (fit_batched_profile if batched else fit_profile)(samples_of(steps, clock, after), label=label)
 
 
-def median_rescaled(cost, steps: Sequence[TimedStep], clock: str = "wall"):
-    """``cost`` with every coefficient scaled so that its median relative error on ``steps`` is 0.
+def median_rescaled(cost, steps: Sequence[TimedStep], clock: str = "wall", after: AfterPrefillCost | None = None):
+    """``cost`` with every coefficient scaled so that its median relative error on ``steps`` (with ``after``'s
+    extras charged as they are, unscaled) is 0.
 
     A diagnostic: least squares on relative error under-predicts a typical step when the timings are
     noisy (the best constant for ``y`` is ``sum(1/y) / sum(1/y^2)``, below the median), so this is
     the same model at a level the noise does not pull down.
     """
-    # 1 / median(predicted / measured), not median(measured / predicted): the two differ for an even count
-    ratio = 1.0 / float(np.median([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) for s in steps]))
+    base = predicted_s(cost, steps)
+    extra = predicted_s(cost, steps, after) - base
+    measured = np.array([s.seconds(clock) for s in steps])
+
+    def median_ratio(scale: float) -> float:  # increasing in scale: every step's ratio is
+        return float(np.median((scale * base + extra) / measured))
+
+    # 1 / median(predicted / measured), not median(measured / predicted): the two differ for an even count;
+    # with extras the scale has no closed form, so it is bisected (the median of increasing functions increases)
+    ratio = 1.0 / median_ratio(1.0)
+    if after is not None:
+        lo, hi = 0.0, 2.0 * ratio
+        while median_ratio(hi) < 1.0:
+            hi *= 2.0
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if median_ratio(mid) < 1.0 else (lo, mid)
+        ratio = 0.5 * (lo + hi)
     scaled = {t: getattr(cost, t) * ratio for t in terms_of(cost)}
     return dataclasses.replace(cost, label=f"{cost.label}, rescaled x{ratio:.3f} to median error 0", **scaled)

@@ -27,11 +27,14 @@ from pagedbench.bench.calibrate_steps import (
     build_engine,
     decode_errors_since_prefill,
     error_summary,
+    predicted_s,
     run_engine,
     step_batch,
 )
 from pagedbench.bench.costmodel import StepCostModel
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
+from pagedbench.bench.costmodel.wake_cost import with_wake
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.throughput_study import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams
@@ -82,8 +85,10 @@ def serve_real(loaded, spec: EngineSpec, trace: Trace) -> Served:
                   tuple(step_of_end[r.finish_s] for r in requests))
 
 
-def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | BatchedStepCost) -> Served:
-    """The trace in the serving simulator, each step lasting what ``cost`` predicts for its shape."""
+def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | BatchedStepCost,
+                    after: AfterPrefillCost | None = None) -> Served:
+    """The trace in the serving simulator, each step lasting what ``cost`` predicts for its shape (plus, with
+    ``after``, what a prefill costs the decode steps after it)."""
     shapes: list[StepShape] = []
 
     def step_time_s(shape: StepShape) -> float:
@@ -96,8 +101,9 @@ def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | Batche
                         watermark=0.0, warmup_frac=0.0, drain=True, max_num_seqs=spec.max_num_seqs,
                         max_num_batched_tokens=spec.max_num_batched_tokens, policy="mixed",
                         enable_prefix_caching=spec.enable_prefix_caching)
-    result = simulate(requests, AllocatorSpec("paged", spec.block_size), sim_cfg, step_time_s=step_time_s,
-                      account=False, prompt_tokens=lambda r: list(trace.prompts[r.request_id]))
+    result = simulate(requests, AllocatorSpec("paged", spec.block_size), sim_cfg,
+                      step_time_s=with_wake(step_time_s, None, after), account=False,
+                      prompt_tokens=lambda r: list(trace.prompts[r.request_id]))
     if result.num_finished != len(requests):
         raise RuntimeError(f"the simulator finished {result.num_finished} of {len(requests)} requests")
     return Served(result.latencies_s, result.simulated_s, tuple(shapes))
@@ -134,14 +140,15 @@ def latency_comparison(a: Served, b: Served, sim: Served, spec: ValidationSpec) 
     }
 
 
-def step_errors(cost: StepCostModel | BatchedStepCost, runs: tuple[Served, ...], clock: str) -> dict:
+def step_errors(cost: StepCostModel | BatchedStepCost, runs: tuple[Served, ...], clock: str,
+                after: AfterPrefillCost | None = None) -> dict:
     """The model's relative error on every real step of ``runs`` (out of sample for the grid's fit)."""
-    steps = [s for r in runs for s in r.steps]
-    return error_summary(np.array([cost.step_time_s(step_batch(s.shape)) / s.seconds(clock) - 1.0 for s in steps]))
+    return error_summary(np.concatenate([
+        predicted_s(cost, r.steps, after) / np.array([s.seconds(clock) for s in r.steps]) - 1.0 for r in runs]))
 
 
 def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel | BatchedStepCost,
-            spec: ValidationSpec) -> dict:
+            spec: ValidationSpec, after: AfterPrefillCost | None = None) -> dict:
     """The wall-clock comparison: the schedules, :func:`latency_comparison`, the step errors, each request."""
     section = latency_comparison(a, b, sim, spec)
     section["makespan"]["share_inside_steps"] = [sum(s.step_s for s in r.steps) / r.makespan_s for r in (a, b)]
@@ -154,40 +161,51 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
                      "same_steps": a.shapes == b.shapes == sim.shapes,
                      "same_tokens_in_real_runs": a.output_token_ids == b.output_token_ids},
         **section,
-        "step_error": step_errors(cost, (a, b), "wall"),
-        "decode_since_prefill": decode_errors_since_prefill(cost, (a.steps, b.steps)),
+        "step_error": step_errors(cost, (a, b), "wall", after),
+        "decode_since_prefill": decode_errors_since_prefill(cost, (a.steps, b.steps), "wall", after),
         "requests": [{"request_id": i, "prompt_len": len(p), "output_len": o, "real_a_s": x, "real_b_s": y,
                       "sim_s": s, "rel_error": s / (0.5 * (x + y)) - 1.0, "real_spread": abs(x - y) / (0.5 * (x + y))}
                      for i, (p, o, x, y, s) in enumerate(rows)],
     }
 
 
-def validate(loaded, cfg: CalibrateConfig, cost, cpu_cost, rescaled_cost, linear_cost=None) -> dict:
+def validate(loaded, cfg: CalibrateConfig, cost, cpu_cost, rescaled_cost, linear_cost=None,
+             after: AfterPrefillCost | None = None, plain_cost=None) -> dict:
     """Serve the validation trace twice for real and in the simulator; the validation record section.
 
     The main comparison is on the wall clock with ``cost``. Two diagnostics beside it: ``cpu_clock``,
     the real runs' latencies in CPU time against the simulator on ``cpu_cost`` (fitted to the grid's CPU
     times: the model's error with most of the machine's contention taken out), and ``median_rescaled``,
     the wall clock against ``rescaled_cost`` (``cost`` at a level without the fit's noise bias); and,
-    given ``linear_cost`` (the linear terms only), ``linear_terms``: the wall clock against it.
+    given ``linear_cost`` (the linear terms only), ``linear_terms``: the wall clock against it. ``after`` (what
+    a prefill costs the decode steps after it, which the batched fits were made without) is charged beside
+    ``cost``, ``cpu_cost`` and ``rescaled_cost``; the linear terms are the earlier model, without it. Given
+    ``plain_cost`` (the batched fit made without ``after``), ``without_after_prefill``: the wall clock against it
+    alone, what pricing a prefill's aftermath changes.
     """
     trace = validation_trace(cfg, loaded.config.vocab_size)
     a = serve_real(loaded, cfg.engine, trace)
     b = serve_real(loaded, cfg.engine, trace)
-    section = compare(trace, a, b, serve_simulated(cfg.engine, trace, cost), cost, cfg.validation)
+    section = compare(trace, a, b, serve_simulated(cfg.engine, trace, cost, after), cost, cfg.validation, after)
     a_cpu, b_cpu = a.on_cpu_clock(), b.on_cpu_clock()
     section["cpu_clock"] = {
-        **latency_comparison(a_cpu, b_cpu, serve_simulated(cfg.engine, trace, cpu_cost), cfg.validation),
-        "step_error": step_errors(cpu_cost, (a, b), "cpu")}
+        **latency_comparison(a_cpu, b_cpu, serve_simulated(cfg.engine, trace, cpu_cost, after), cfg.validation),
+        "step_error": step_errors(cpu_cost, (a, b), "cpu", after)}
     section["median_rescaled"] = {
         "label": rescaled_cost.label,
-        **latency_comparison(a, b, serve_simulated(cfg.engine, trace, rescaled_cost), cfg.validation),
-        "step_error": step_errors(rescaled_cost, (a, b), "wall")}
+        **latency_comparison(a, b, serve_simulated(cfg.engine, trace, rescaled_cost, after), cfg.validation),
+        "step_error": step_errors(rescaled_cost, (a, b), "wall", after)}
     if linear_cost is not None:
         section["linear_terms"] = {
             "label": linear_cost.label,
             **latency_comparison(a, b, serve_simulated(cfg.engine, trace, linear_cost), cfg.validation),
             "step_error": step_errors(linear_cost, (a, b), "wall")}
+    if plain_cost is not None:
+        section["without_after_prefill"] = {
+            "label": plain_cost.label,
+            **latency_comparison(a, b, serve_simulated(cfg.engine, trace, plain_cost), cfg.validation),
+            "step_error": step_errors(plain_cost, (a, b), "wall"),
+            "decode_since_prefill": decode_errors_since_prefill(plain_cost, (a.steps, b.steps), "wall")}
     section["trace"] = {**asdict(cfg.validation), "num_requests": len(trace.prompts),
                         "mean_prompt_len": trace.mean_prompt_len, "mean_output_len": trace.mean_output_len,
                         "max_total_len": max(len(p) + o for p, o in zip(trace.prompts, trace.output_lens))}

@@ -33,6 +33,17 @@ def _wake_note(wake: dict | None) -> str:
             "a wait")
 
 
+def _after_prefill_note(after: dict | None) -> str:
+    if not after:
+        return ", no cost of a prefill to the decode steps after it (the record predates its measurement)"
+    first = [[row[i][0] for i in range(len(after["prefill_tokens"]))] for row in after["extra_s"]]
+    largest = max(after["prefill_tokens"])
+    per_batch = ", ".join(f"{row[-1] * 1e3:+.2f} ms at {b} decoding" for b, row in zip(after["batches"], first))
+    return (f", plus what a prefill costs the first {len(after['extra_s'][0][0])} decode steps after it (measured "
+            f"beside the fit, which was made without it; the first decode step after {largest} prefilled tokens: "
+            f"{per_batch})")
+
+
 def _rate_section(r: dict) -> list[str]:
     lines = [f"### {r['name'].replace('_', ' ')}: {r['rate_per_s']:.2f} requests/s "
              f"({r['fraction_of_saturation']:.0%} of saturation), last arrival at {r['last_arrival_s']:.1f} s", "",
@@ -84,7 +95,7 @@ def render_markdown(record: dict) -> str:
         "# The simulator checked online: calibrated step-cost model vs the real CPU engine", "",
         f"Engine: `{c['engine']['model']}` model, `{c['engine']['attention_backend']}` attention, "
         f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`)"
-        + _wake_note(c.get("wake")) + ".",
+        + _wake_note(c.get("wake")) + _after_prefill_note(c.get("after_prefill")) + ".",
         f"Trace: {c['num_requests']} ShareGPT-like requests (lengths x {c['length_scale']}: mean prompt "
         f"{c['mean_prompt_len']:.0f}, mean output {c['mean_output_len']:.0f} tokens), Poisson arrivals (seed "
         f"{c['arrival_seed']}). Saturation rate (the fitted model, the trace as one offline batch): "

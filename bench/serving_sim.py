@@ -7,7 +7,9 @@ preemption (recompute) and the block accounting are exactly the engine's. A step
 ``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
 (:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival;
 a step-time function that prices waking an idle engine (``step_time_s.wake_s``, see
-:mod:`pagedbench.bench.costmodel.wake_cost`) makes the first steps after each jump that much longer.
+:mod:`pagedbench.bench.costmodel.wake_cost`) makes the first steps after each jump that much longer, and one
+that prices the decode steps after a prefill (``step_time_s.after_prefill_s``, see
+:mod:`pagedbench.bench.costmodel.after_prefill`) the first decode steps after each step with a prefill chunk.
 A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
 trajectories (:mod:`pagedbench.bench.group_replay`); it completes when its last sequence does.
 
@@ -241,9 +243,12 @@ class _Accounting:
         if self.do_account:
             run.account()
         result = self.inner.execute(out)
+        extra = 0.0
         if run.wake_left:  # one of the first steps after the engine waited idle
-            result = dataclasses.replace(result, elapsed_s=result.elapsed_s + run.wake_left.pop())
-        return result
+            extra += run.wake_left.pop()
+        if run.after_prefill is not None:  # one of the first decode steps after a prefill
+            extra += run.after_prefill.extra(StepShape.of(out))
+        return dataclasses.replace(result, elapsed_s=result.elapsed_s + extra) if extra else result
 
 
 class _Run:
@@ -271,6 +276,9 @@ class _Run:
         # after an idle jump of the clock costs wake_s(the jump)[i] more
         self.wake_s = getattr(step_time_s, "wake_s", None)
         self.wake_left: list[float] = []  # the extra seconds of the next steps, the next one last
+        # and may price the first decode steps after each prefill (bench.costmodel.after_prefill)
+        after = getattr(step_time_s, "after_prefill_s", None)
+        self.after_prefill = after.tracker() if after is not None else None
         if group is not None and group.is_beam:
             executor = RowExecutor(executor)
         self.clock = SimClock()
@@ -302,8 +310,10 @@ class _Run:
         self.sums = [0] * 6  # token, reserved, internal, rounding, external, free (slot-steps)
         self.running_sum = 0
         self.steps: list[StepRecord] = []
-        # a run of steps is priced by shape alone: with a price of waking, every step is simulated
+        # a run of steps is priced by shape alone: with a price of waking or of a prefill's aftermath,
+        # every step is simulated
         fast = (fast_forward and group is None and not account and not record_steps and self.wake_s is None
+                and self.after_prefill is None
                 and FastForward.applies(self))
         self.fast = FastForward(self) if fast else None
 

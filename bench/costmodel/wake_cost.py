@@ -73,14 +73,17 @@ class WakeCost:
                    tuple(tuple(tuple(tuple(p) for p in step) for step in gap) for gap in record.get("pairs", ())))
 
 
-def with_wake(step_time_s: Callable, wake: WakeCost | None) -> Callable:
-    """``step_time_s`` carrying ``wake`` as its ``wake_s``; unchanged for None. (It carries no ``decode_run``:
-    a fast-forward prices a run of steps by shape alone, so the simulator steps one at a time.)"""
-    if wake is None:
+def with_wake(step_time_s: Callable, wake: WakeCost | None, after_prefill=None) -> Callable:
+    """``step_time_s`` carrying ``wake`` as its ``wake_s`` and ``after_prefill`` (an
+    :class:`~pagedbench.bench.costmodel.after_prefill.AfterPrefillCost`) as its ``after_prefill_s``; unchanged
+    for neither. (It carries no ``decode_run``: a fast-forward prices a run of steps by shape alone, so the
+    simulator steps one at a time.)"""
+    if wake is None and after_prefill is None:
         return step_time_s
 
     def timed(shape) -> float:
         return step_time_s(shape)
 
     timed.wake_s = wake
+    timed.after_prefill_s = after_prefill
     return timed

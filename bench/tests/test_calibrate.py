@@ -24,6 +24,7 @@ from pagedbench.bench.calibrate_steps import (
 )
 from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
 from pagedbench.bench.costmodel import ProfileError, StepBatch
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
 from pagedbench.bench.costmodel.calibration import TERMS, StepSample, fit_batched_profile, term_identifiability
 from pagedbench.refengine import ModelConfig, load_model
@@ -41,8 +42,18 @@ def _cost(coefficients: dict[str, float]) -> BatchedStepCost:
     return BatchedStepCost(label="from the record", **coefficients)
 
 
+def _shape(sample: dict) -> StepShape:
+    return StepShape(tuple(map(tuple, sample["prefill_chunks"])), tuple(sample["decode_context_lens"]))
+
+
 def _batch(sample: dict) -> StepBatch:
-    return step_batch(StepShape(tuple(map(tuple, sample["prefill_chunks"])), tuple(sample["decode_context_lens"])))
+    return step_batch(_shape(sample))
+
+
+def _extras(record: dict) -> np.ndarray:
+    """What a prefill costs each grid step after it, as the record's fits charge it (steps in order)."""
+    after = AfterPrefillCost.from_record(record["calibration"]["after_prefill"])
+    return np.array(after.extras_in_order(_shape(s) for s in record["calibration"]["samples"]))
 
 
 def test_quick_run_writes_one_record_with_every_section(quick_run):
@@ -76,11 +87,21 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     md = (out / "calibration.md").read_text()
     for heading in ("## Calibration", "## Validation", "## Assumptions", "latency p99", "makespan",
                     "## Waking an idle engine", "[calibration_online.md](calibration_online.md)",
-                    "## Decode steps by their distance from a prefill"):
+                    "## Decode steps by their distance from a prefill",
+                    "## What a prefill costs the decode steps after it", "without a prefill's cost"):
         assert heading in md
     decodes = sum(s["kind"] == "decode" for s in cal["samples"])
     assert sum(r["num_steps"] for r in cal["decode_since_prefill"]) == decodes  # each grid decode in one bucket
     assert [r["since_prefill"] for r in v["decode_since_prefill"]] == ["1", "2", "3", "4-7", "8+"]
+    after = cal["after_prefill"]  # the quick grid's batches x joining prompts, a pair per join and step
+    assert after["batches"] == [1, 4] and after["prefill_tokens"] == [8, 32]
+    assert [[[len(step) for step in cell] for cell in row] for row in after["pairs"]] == [[[2, 2]] * 2] * 2
+    assert after["extra_s"] == [[[pytest.approx(float(np.median([a - st for st, a in step]))) for step in cell]
+                                 for cell in row] for row in after["pairs"]]
+    assert "after it" in cal["label"] and "after it" not in cal["without_after_prefill"]["label"]
+    assert v["without_after_prefill"]["latency"].keys() == lat.keys()
+    assert [r["since_prefill"] for r in v["without_after_prefill"]["decode_since_prefill"]] == ["1", "2", "3",
+                                                                                                "4-7", "8+"]
     wake = cal["wake"]  # the quick grid's waits, each with its pairs per step
     assert wake["gaps_s"] == [0.005, 0.02] and [[len(s) for s in g] for g in wake["pairs"]] == [[2, 2], [2, 2]]
     assert wake["extra_s"] == [[pytest.approx(float(np.median([a - w for w, a in s]))) for s in g]
@@ -94,13 +115,16 @@ def test_fitted_model_beats_a_constant_on_its_samples(quick_run):
     samples, cpu = record["calibration"]["samples"], record["calibration"]["cpu_clock"]
     measured = np.array([s["cpu_s"] for s in samples])
     cost = _cost(cpu["coefficients"])
-    fitted = np.array([cost.step_time_s(_batch(s)) for s in samples]) / measured - 1
+    extras = _extras(record)
+    assert np.count_nonzero(extras) > 0  # the quick grid has decode steps right after a prefill
+    fitted = (np.array([cost.step_time_s(_batch(s)) for s in samples]) + extras) / measured - 1
     constant = np.sum(1 / measured) / np.sum(1 / measured ** 2)  # the best constant, relative least squares
     baseline = constant / measured - 1
     assert np.sqrt(np.mean(fitted ** 2)) < 0.8 * np.sqrt(np.mean(baseline ** 2))
     assert cpu["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(fitted ** 2)))
     wall = _cost(record["calibration"]["coefficients"])  # the published (wall) fit's own error, as recorded
-    walls = np.array([wall.step_time_s(_batch(s)) for s in samples]) / np.array([s["step_s"] for s in samples]) - 1
+    walls = (np.array([wall.step_time_s(_batch(s)) for s in samples]) + extras) / np.array(
+        [s["step_s"] for s in samples]) - 1
     assert record["calibration"]["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(walls ** 2)))
 
 
