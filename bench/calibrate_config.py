@@ -221,6 +221,9 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if max(g.after_prefill_batches) + 1 > e.max_num_seqs:
         raise r.error("grid.after_prefill_batches", f"{max(g.after_prefill_batches)} decodes and a joining prompt "
                                                     f"exceed engine.max_num_seqs {e.max_num_seqs}")
+    if g.after_prefill_context >= e.max_model_len:
+        raise r.error("grid.after_prefill_context", f"prompts must be shorter than engine.max_model_len "
+                                                    f"{e.max_model_len}, got {g.after_prefill_context}")
     after_longest = g.after_prefill_context + after_prefill_tokens(cfg)
     if after_longest > e.max_model_len:
         raise r.error("grid.after_prefill_stretch", f"a sequence timed after prefills reaches {after_longest} "
@@ -228,12 +231,10 @@ def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     if max(g.after_prefill_batches) * after_longest + max(g.after_prefill_lens) > e.num_blocks * e.block_size:
         raise r.error("engine.num_blocks", f"{e.num_blocks} blocks of {e.block_size} cannot hold "
                                            f"{max(g.after_prefill_batches)} x {after_longest} tokens unpreempted")
-    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens", "join_prefill_lens", "after_prefill_lens",
-                 "after_prefill_context"):
-        longest_prompt = max(getattr(g, name)) if name != "after_prefill_context" else getattr(g, name)
-        if longest_prompt >= e.max_model_len:
+    for name in ("prefill_lens", "mixed_prefill_lens", "burst_lens", "join_prefill_lens", "after_prefill_lens"):
+        if max(getattr(g, name)) >= e.max_model_len:
             raise r.error(f"grid.{name}", f"prompts must be shorter than engine.max_model_len "
-                                          f"{e.max_model_len}, got {longest_prompt}")
+                                          f"{e.max_model_len}, got {max(getattr(g, name))}")
 
 
 def decode_run_tokens(cfg: CalibrateConfig, context: int) -> int:

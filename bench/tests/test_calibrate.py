@@ -228,6 +228,13 @@ def _bad_config(tmp_path: Path, edit) -> Path:
     (lambda r: r["grid"].update(join_prefill_lens=[3, 2000]), False, "grid.join_prefill_lens", "shorter than"),
     (lambda r: r["grid"].update(join_prefill_lens=list(range(1, 200))), False, "grid.join_prefill_lens",
      "a join run reaches"),
+    (lambda r: r["grid"].update(after_prefill_lens=[64, 16]), False, "grid.after_prefill_lens", "increasing"),
+    (lambda r: r["grid"].update(after_prefill_batches=[1, 1]), False, "grid.after_prefill_batches", "increasing"),
+    (lambda r: r["grid"].update(after_prefill_stretch=8), False, "grid.after_prefill_stretch", "no steady state"),
+    (lambda r: r["grid"].update(after_prefill_batches=[1, 32]), False, "grid.after_prefill_batches",
+     "exceed engine.max_num_seqs"),
+    (lambda r: r["grid"].update(after_prefill_repeats=200), False, "grid.after_prefill_stretch", "reaches"),
+    (lambda r: r["grid"].update(after_prefill_context=1024), False, "grid.after_prefill_context", "shorter than"),
 ])
 def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, problem):
     path = _bad_config(tmp_path, edit)
