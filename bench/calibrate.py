@@ -73,7 +73,8 @@ ASSUMPTIONS = (
     "The linear fit (the first five terms only, as fitted for the per-sequence `torch` backend before) is "
     "fitted to the same steps and validated on the same trace, for comparison.",
     "The target is the whole engine step on the wall clock (schedule + execute + update), so the "
-    "scheduler's Python time is folded into the fixed and per-token terms; time between steps is not modelled.",
+    "scheduler's Python time is folded into the fixed and per-token terms; time between steps is not modelled, "
+    "but for the loop's pick-up of an arrival after an idle wait (below).",
     "Omitted: per-block costs (copy-on-write, block-table length), the KV working set against the CPU "
     "caches, allocator and garbage-collector pauses, thread contention and frequency changes, and the first "
     "touch of a fresh engine's KV pool (the grid runs on one engine, each real validation run on a fresh "
@@ -94,7 +95,9 @@ ASSUMPTIONS = (
     "their shape says (while the loop slept, other processes used the caches the weights were in), the first "
     "most. The simulator adds the median extra time of each of those steps for the wait it skipped "
     "(interpolated between the measured waits, from 0 at none; held past the longest) to the steps after each "
-    "idle jump of its clock, whatever their shape. It depends on what else runs on the machine during the "
+    "idle jump of its clock, whatever their shape, and starts the first step the measured pick-up after the "
+    "arrival (the sleep's overshoot, queueing the request, planning the step: the one time between steps it "
+    "models). It depends on what else runs on the machine during the "
     "wait. An offline batch (this validation) never waits, so only the online check (calibrate_online) "
     "exercises it.",
     "What a prefill costs the decode steps after it (measured apart from the fit: decode batches of several "

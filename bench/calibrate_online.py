@@ -149,12 +149,22 @@ class StepLog:
     """The steps of :func:`serve_online` runs: ``steps[i]`` = (shape, seconds), ``after_idle[i]`` = step ``i``
     started an engine with nothing in flight (its run's first step, or one after a step that left no request
     unfinished: the loop then waits for the next arrival), and ``idle_gaps_s[i]`` = how long it had waited
-    (from the previous step's end, or the recorder's creation; None for a step of a busy engine)."""
+    (from the previous step's end, or the recorder's creation, to the arrival it waited for when the loop's
+    wait is :meth:`waiting`'s, else to the step's start; None for a step of a busy engine). To the arrival, not
+    to the step: the simulator prices a wait by the time it jumps, and the loop's pick-up comes after it."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[StepShape, float]] = []
         self.after_idle: list[bool] = []
         self.idle_gaps_s: list[float | None] = []
+        self._waited_until: float | None = None
+
+    def waiting(self, wait_until: Callable[[float], None]) -> Callable[[float], None]:
+        """``wait_until`` for :func:`serve_online`, noting the arrival it waits for."""
+        def wait(t: float) -> None:
+            self._waited_until = t
+            wait_until(t)
+        return wait
 
     def recorder(self, core: EngineCore) -> Callable[[StepReport], None]:
         """An ``on_step`` for one run on ``core``, made just before the run starts."""
@@ -164,7 +174,9 @@ class StepLog:
             nonlocal idle, last_end
             self.steps.append((StepShape.of(report.output), report.end_s - report.start_s))
             self.after_idle.append(idle)
-            self.idle_gaps_s.append(report.start_s - last_end if idle else None)
+            until = self._waited_until if self._waited_until is not None else report.start_s
+            self.idle_gaps_s.append(until - last_end if idle else None)
+            self._waited_until = None
             idle, last_end = not core.has_unfinished(), report.end_s
 
         return record
@@ -271,7 +283,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
             record_step = log.recorder(llm.core)
             wall0, cpu0 = time.perf_counter(), time.process_time()
             real.append(serve_online(llm.core, arrivals, trace.prompts, trace.output_lens,
-                                     wall_wait_until(llm.core.clock), record_step))
+                                     log.waiting(wall_wait_until(llm.core.clock)), record_step))
             # the share of a core the run got while it had work (idle sleeps take no CPU): the calibration's
             # steps ran at about 1.0, so a lower share says other processes took the core
             busy_s = _busy_wall_s(real[-1], time.perf_counter() - wall0)

@@ -88,18 +88,21 @@ def _wake_table(wake: dict | None) -> list[str]:
     if not wake:
         return []
     rows = []
-    for gap, extra, pairs in zip(wake["gaps_s"], wake["extra_s"], wake["pairs"]):
+    pickup = wake.get("pickup_s") or [None] * len(wake["gaps_s"])
+    for gap, extra, pairs, p in zip(wake["gaps_s"], wake["extra_s"], wake["pairs"], pickup):
         warm = [float(np.median([w for w, _ in step])) for step in pairs]
-        rows.append((f"{gap * 1e3:.0f} ms", len(pairs[0]),
+        rows.append((f"{gap * 1e3:.0f} ms", len(pairs[0]), "-" if p is None else f"{p * 1e3:.2f} ms",
                      *(f"{e * 1e3:+.2f} ms ({w * 1e3:.2f})" for e, w in zip(extra, warm))))
     steps = ["prefill" if i == 0 else f"decode {i}" for i in range(len(wake["extra_s"][0]))]
     return [
         "## Waking an idle engine", "",
         "A lone prompt's first steps (its prefill, then decodes) right after the previous request (warm) and "
         "after an idle wait (the loop sleeping, as between arrivals): the median extra time of each step over "
-        "its pairs (in brackets: the warm step's median). The online check charges the steps after each idle "
-        "wait these (interpolated between the waits).", "",
-        tabulate(rows, ["idle wait", "pairs", *(f"{s}: extra (warm)" for s in steps)], tablefmt="github"), "",
+        "its pairs (in brackets: the warm step's median), and the loop's median pick-up (the arrival it slept "
+        "until to the start of its step: the sleep's overshoot, queueing the request, planning the step). The "
+        "online check charges these after each idle wait (interpolated between the waits).", "",
+        tabulate(rows, ["idle wait", "pairs", "pick-up", *(f"{s}: extra (warm)" for s in steps)],
+                 tablefmt="github"), "",
     ]
 
 

@@ -205,16 +205,19 @@ class StepGrid:
         after the previous request (warm) and after sleeping the wait, as a server's loop does between arrivals."""
         g = self.cfg.grid
         pairs = [[[] for _ in range(g.wake_steps)] for _ in g.wake_gaps_ms]
+        pickups: list[list[float]] = [[] for _ in g.wake_gaps_ms]
         for _ in range(g.wake_pairs):
-            for gap, gap_ms in zip(pairs, g.wake_gaps_ms):
+            for gap, picked, gap_ms in zip(pairs, pickups, g.wake_gaps_ms):
                 self.add(g.wake_prompt_len, g.wake_steps)  # a prefill, then decodes: one step each
                 warm = run_engine(self.llm, self.timer)
+                arrival = time.perf_counter() + gap_ms / 1000  # the engine's clock (WallClock)
                 time.sleep(gap_ms / 1000)
                 self.add(g.wake_prompt_len, g.wake_steps)
                 woken = run_engine(self.llm, self.timer)
+                picked.append(woken[0].end_s - woken[0].step_s - arrival)  # the arrival to its step's start
                 for step, w, a in zip(gap, warm, woken):
                     step.append((w.step_s, a.step_s))
-        return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], pairs)
+        return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], pairs, pickups)
 
     def _after_prefill_stretches(self, batch: int, prompt_len: int, cell: list[list[tuple[float, float]]]) -> None:
         """One batch that a prompt of ``prompt_len`` joins every stretch: ``cell[i]`` gets a (steady, after) pair

@@ -29,8 +29,11 @@ def _wake_note(wake: dict | None) -> str:
         return ", no cost of waking an idle engine (the record predates its measurement)"
     extras = ", ".join(f"{sum(e) * 1e3:+.1f} ms after {g * 1e3:.0f} ms"
                        for g, e in zip(wake["gaps_s"], wake["extra_s"]))
+    pickup = wake.get("pickup_s")
+    picked = (f", and the loop's pick-up of the arrival: {', '.join(f'{p * 1e3:.2f} ms' for p in pickup)}"
+              if pickup else "")
     return (f", plus waking an idle engine: {extras} idle, over the first {len(wake['extra_s'][0])} steps after "
-            "a wait")
+            f"a wait{picked}")
 
 
 def _after_prefill_note(after: dict | None) -> str:

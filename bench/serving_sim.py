@@ -7,7 +7,8 @@ preemption (recompute) and the block accounting are exactly the engine's. A step
 ``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
 (:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival;
 a step-time function that prices waking an idle engine (``step_time_s.wake_s``, see
-:mod:`pagedbench.bench.costmodel.wake_cost`) makes the first steps after each jump that much longer, and one
+:mod:`pagedbench.bench.costmodel.wake_cost`) makes the jump end its pick-up time past the arrival and the
+first steps after it that much longer, and one
 that prices the decode steps after a prefill (``step_time_s.after_prefill_s``, see
 :mod:`pagedbench.bench.costmodel.after_prefill`) the first decode steps after each step with a prefill chunk.
 A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
@@ -379,9 +380,12 @@ class _Run:
         if not core.has_unfinished():
             if not self.pending:
                 return False
-            if self.wake_s is not None:
-                self.wake_left = list(reversed(self.wake_s(self.pending[0].arrival_s - self.clock.now())))
-            self.clock.advance_to(self.pending[0].arrival_s)  # idle: skip to the next arrival
+            arrival = self.pending[0].arrival_s
+            if self.wake_s is not None:  # the loop picks the arrival up that much later, and its steps run slower
+                gap = arrival - self.clock.now()
+                self.wake_left = list(reversed(self.wake_s(gap)))
+                arrival += self.wake_s.pickup(gap)
+            self.clock.advance_to(arrival)  # idle: skip to the next arrival
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
             return False

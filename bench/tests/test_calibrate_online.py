@@ -239,3 +239,23 @@ def test_report_shows_the_in_process_fit_beside_the_published_one() -> None:
     assert "| TPOT | 30.0% (signed +30.0%) |" in text.split("## The same check")[0]
     del record["in_process_fit"]
     assert "## The same check" not in render_markdown(record)
+
+
+def test_step_log_measures_an_idle_wait_to_the_arrival_the_loop_waited_for() -> None:
+    """To the arrival, not to the step's start (the loop's pick-up comes after it); a step of an idle engine whose
+    arrival came during the previous step had no wait: its gap is to its own start, not to an earlier wait's."""
+    from pagedbench.bench.calibrate_online import StepLog
+
+    spec = _spec()
+    core = _stub_core(spec, STEP_S)
+    log = StepLog()
+
+    def late_wait(t: float) -> None:  # picks the arrival up a 1/1024 s late
+        core.clock.advance_to(t + 1 / 1024)
+
+    start = core.clock.now()
+    arrivals = [4 * STEP_S, 4.5 * STEP_S]  # the second arrives during the first's only step
+    serve_online(core, arrivals, [(1, 2, 3), (4, 5)], [1, 1], log.waiting(late_wait), log.recorder(core))
+    assert log.after_idle == [True, True]
+    assert log.idle_gaps_s == [4 * STEP_S, 0.0]  # not 4 x STEP_S + 1/1024, and not the first wait's again
+    assert log.steps and core.clock.now() == start + 6 * STEP_S + 1 / 1024

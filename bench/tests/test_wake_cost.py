@@ -16,7 +16,7 @@ from pagedbench.bench.tests.test_calibrate_online import STEP_S, _trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 
-WAKE = WakeCost((0.25, 1.0), ((1 / 256, 1 / 1024, 0.0), (1 / 64, 1 / 256, 1 / 1024)))
+WAKE = WakeCost((0.25, 1.0), ((1 / 256, 1 / 1024, 0.0), (1 / 64, 1 / 256, 1 / 1024)), pickup_s=(1 / 2048, 1 / 512))
 
 
 def test_interpolates_from_zero_between_the_measured_waits_and_holds_past_the_last() -> None:
@@ -26,12 +26,17 @@ def test_interpolates_from_zero_between_the_measured_waits_and_holds_past_the_la
     assert WAKE(0.625) == pytest.approx(((1 / 256 + 1 / 64) / 2, (1 / 1024 + 1 / 256) / 2, 1 / 2048))
     assert WAKE(1.0) == WAKE(30.0) == pytest.approx((1 / 64, 1 / 256, 1 / 1024))
     assert WakeCost((0.1,), ((-0.002,),))(0.5) == (0.0,)  # a wait measured faster than warm (noise) costs nothing
+    # the pick-up: none without a wait, interpolated between the waits, held outside them
+    assert WAKE.pickup(0.0) == 0.0 and WAKE.pickup(0.1) == WAKE.pickup(0.25) == pytest.approx(1 / 2048)
+    assert WAKE.pickup(0.625) == pytest.approx((1 / 2048 + 1 / 512) / 2) and WAKE.pickup(9.0) == pytest.approx(1 / 512)
+    assert WakeCost(WAKE.gaps_s, WAKE.extra_s).pickup(0.5) == 0.0  # a record from before it was measured
 
 
 def test_measured_takes_the_median_extra_per_wait_and_step_and_round_trips() -> None:
     w = WakeCost.measured([0.02, 0.1], [[[(1.0, 1.5), (1.0, 1.1), (2.0, 2.3)], [(1.0, 1.0), (1.0, 1.2), (1.0, 1.1)]],
-                                        [[(1.0, 2.0)], [(1.0, 1.05)]]])
+                                        [[(1.0, 2.0)], [(1.0, 1.05)]]], [[0.001, 0.003, 0.002], [-0.001]])
     assert w.extra_s == (pytest.approx((0.3, 0.1)), pytest.approx((1.0, 0.05))) and w.num_steps == 2
+    assert w.pickup_s == (pytest.approx(0.002), 0.0)  # a timer that read early picked up at once
     assert WakeCost.from_record(w.to_record()) == w
 
 
@@ -43,6 +48,15 @@ def test_measured_takes_the_median_extra_per_wait_and_step_and_round_trips() -> 
 def test_refuses_bad_waits(gaps, extra, match) -> None:
     with pytest.raises(ValueError, match=match):
         WakeCost(gaps, extra)
+
+
+def test_refuses_bad_pickups() -> None:
+    with pytest.raises(ValueError, match="one pick-up time >= 0 per gap"):
+        WakeCost((0.1, 0.2), ((0.0,), (0.0,)), pickup_s=(0.001,))
+    with pytest.raises(ValueError, match="one pick-up time >= 0 per gap"):
+        WakeCost((0.1,), ((0.0,),), pickup_s=(-0.001,))
+    with pytest.raises(ValueError, match="non-empty pick-up times per gap"):
+        WakeCost.measured([0.1], [[[(1.0, 1.1)]]], [[]])
 
 
 def _waking_core(spec, state: dict) -> EngineCore:
@@ -63,9 +77,11 @@ def _waking_core(spec, state: dict) -> EngineCore:
 
 
 def _wait(core: EngineCore, state: dict):
+    """The loop's idle wait: it picks the arrival up WAKE's pick-up later, and its next steps run slower."""
     def wait(t: float) -> None:
-        state["extra"] = WAKE(t - core.clock.now())
-        core.clock.advance_to(t)
+        gap = t - core.clock.now()
+        state["extra"] = WAKE(gap)
+        core.clock.advance_to(t + WAKE.pickup(gap))
     return wait
 
 
@@ -76,7 +92,8 @@ def test_the_simulator_charges_the_wake_to_the_steps_after_each_idle_jump() -> N
     state = {"extra": ()}
     core = _waking_core(spec, state)
     log = StepLog()
-    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, _wait(core, state), log.recorder(core))
+    real = serve_online(core, arrivals, trace.prompts, trace.output_lens, log.waiting(_wait(core, state)),
+                        log.recorder(core))
     sim = serve_simulated_online(spec, trace, arrivals, with_wake(constant_step(STEP_S), WAKE))
     assert len(real) == len(sim)
     for r, s in zip(real, sim):
@@ -85,9 +102,12 @@ def test_the_simulator_charges_the_wake_to_the_steps_after_each_idle_jump() -> N
     # not trivial: without the wake the times differ, and charged to every step they differ too
     plain = serve_simulated_online(spec, trace, arrivals, constant_step(STEP_S))
     assert any(p.token_times_s[0] != pytest.approx(r.token_times_s[0], abs=1e-9) for p, r in zip(plain, real))
-    first_only = WakeCost(WAKE.gaps_s, tuple(row[:1] for row in WAKE.extra_s))  # the later steps not charged
+    first_only = WakeCost(WAKE.gaps_s, tuple(row[:1] for row in WAKE.extra_s), pickup_s=WAKE.pickup_s)  # later steps
     short = serve_simulated_online(spec, trace, arrivals, with_wake(constant_step(STEP_S), first_only))
     assert any(p.token_times_s[-1] != pytest.approx(r.token_times_s[-1], abs=1e-9) for p, r in zip(short, real))
+    no_pickup = WakeCost(WAKE.gaps_s, WAKE.extra_s)
+    late = serve_simulated_online(spec, trace, arrivals, with_wake(constant_step(STEP_S), no_pickup))
+    assert any(p.first_scheduled_s != pytest.approx(r.first_scheduled_s, abs=1e-9) for p, r in zip(late, real))
     # the step error predicts the waking steps with the wake too: exact on the real steps
     woken = sum(g is not None for g in log.idle_gaps_s)
     assert 2 < woken < len(log.steps) and log.idle_gaps_s[0] == pytest.approx(arrivals[0])
