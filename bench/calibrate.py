@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pagedbench.bench.calibrate_config import CONFIG, MODELS, CalibrateConfig, load_config
+from pagedbench.bench.calibrate_config import CONFIG, CalibrateConfig, load_config, load_engine_model
 from pagedbench.bench.calibrate_report import render_markdown, write_results
 from pagedbench.bench.calibrate_steps import (
     KINDS,
@@ -51,7 +51,6 @@ from pagedbench.bench.calibrate_validation import validate
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
 from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
-from pagedbench.refengine import ModelConfig, load_model
 
 ASSUMPTIONS = (
     "Step time = fixed + c x tokens + h x sampled sequences + a x sum of decode context lengths "
@@ -179,8 +178,7 @@ def run(cfg: CalibrateConfig) -> dict:
     """Calibrate and validate under ``cfg``; the result record."""
     e = cfg.engine
     torch.set_num_threads(e.torch_threads)
-    model_cfg = ModelConfig.from_yaml(MODELS, name=e.model)
-    loaded = load_model(model_cfg, dtype=e.dtype, attention_backend=e.attention_backend, seed=e.seed)
+    loaded, model_cfg = load_engine_model(e)
     load_before = os.getloadavg()
     start = time.perf_counter()
     steps, wake, after = calibration_steps(loaded, cfg)
@@ -219,10 +217,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="accepted for `python -m pagedbench.bench --full`; the default grid is the full one")
     parser.add_argument("--config", type=Path, default=CONFIG, help="the study's YAML config")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
+    parser.add_argument("--name", default="calibration",
+                        help="the results' file name, without .json/.md (calibrate_online names its own after it)")
     args = parser.parse_args(argv)
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        parser.error(f"--name must be a plain file name, got {args.name!r}")
     cfg = load_config(args.config, quick=args.quick)
     record = run(cfg)
-    json_path, md_path = write_results(record, args.out)
+    record["results_name"] = args.name
+    json_path, md_path = write_results(record, args.out, args.name)
     print(render_markdown(record))
     print(f"wrote {json_path} and {md_path}")
 

@@ -10,6 +10,7 @@ the quick section set it) and its line.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +19,44 @@ from typing import Any
 import yaml
 from pagedbench.bench.costmodel import ProfileError
 from pagedbench.bench.workloads import DATASETS
+from pagedbench.conformance.gate.environment import REPO_ROOT
+from pagedbench.refengine import LoadedModel, ModelConfig, load_model
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "calibrate.yaml"
 MODELS = Path(__file__).resolve().parent / "configs" / "models.yaml"
+
+
+def model_folder(model: str) -> Path | None:
+    """``model`` as a Hugging Face folder (relative paths from the repository root, where ``make model`` puts
+    SmolLM2), or None for a name of bench/configs/models.yaml."""
+    if model in (yaml.safe_load(MODELS.read_text()) or {}):
+        return None
+    path = Path(model)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def model_config(model: str) -> ModelConfig:
+    """The config of ``model`` (see :func:`model_folder`)."""
+    folder = model_folder(model)
+    if folder is None:
+        return ModelConfig.from_yaml(MODELS, name=model)
+    return ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+
+
+def load_engine_model(spec: EngineSpec) -> tuple[LoadedModel, ModelConfig]:
+    """``spec``'s model, loaded with its dtype and attention backend: seeded random weights for a named config,
+    the checkpoint's for a folder."""
+    folder = model_folder(spec.model)
+    source = model_config(spec.model) if folder is None else folder
+    loaded = load_model(source, dtype=spec.dtype, attention_backend=spec.attention_backend, seed=spec.seed)
+    return loaded, loaded.config
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
     """The engine of every run (calibration, both real validation runs) and of the simulator."""
 
-    model: str  # a name in bench/configs/models.yaml (seeded random weights)
+    model: str  # a name in bench/configs/models.yaml (seeded random weights), or a model folder (model_config)
     dtype: str  # "float32", "bfloat16", ...
     attention_backend: str  # "torch-batched" (the CPU default), "torch" or "triton"
     block_size: int
@@ -181,12 +210,14 @@ class _Reader:
 def _check_fits(r: _Reader, cfg: CalibrateConfig) -> None:
     """The grid and the engine agree: every run fits the model length and the KV pool unpreempted."""
     e, g = cfg.engine, cfg.grid
-    models = yaml.safe_load(MODELS.read_text())
-    if e.model not in models:
-        raise r.error("engine.model", f"unknown model {e.model!r} (known: {sorted(models)})")
-    if e.max_model_len > models[e.model]["max_position_embeddings"]:
-        raise r.error("engine.max_model_len", f"{e.max_model_len} exceeds model {e.model!r}'s "
-                                              f"{models[e.model]['max_position_embeddings']}")
+    folder = model_folder(e.model)
+    if folder is not None and not (folder / "config.json").is_file():
+        known = sorted(yaml.safe_load(MODELS.read_text()))
+        raise r.error("engine.model", f"unknown model {e.model!r}: neither a name of {MODELS.name} ({known}) nor a "
+                                      f"model folder with a config.json (`make model` prepares SmolLM2's)")
+    positions = model_config(e.model).max_position_embeddings
+    if e.max_model_len > positions:
+        raise r.error("engine.max_model_len", f"{e.max_model_len} exceeds model {e.model!r}'s {positions}")
     if list(g.decode_batches) != sorted(set(g.decode_batches), reverse=True):
         raise r.error("grid.decode_batches", f"expected strictly decreasing sizes, got {list(g.decode_batches)}")
     if g.decode_batches[0] > e.max_num_seqs:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from pagedbench.bench import workloads
 from pagedbench.bench.arrivals import arrival_times
-from pagedbench.bench.calibrate_config import CONFIG, MODELS, EngineSpec, load_config
+from pagedbench.bench.calibrate_config import CONFIG, EngineSpec, load_config, load_engine_model
 from pagedbench.bench.calibrate_steps import build_engine, calibration_steps, fit, step_batch
 from pagedbench.bench.calibrate_validation import serve_simulated
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
@@ -53,7 +53,7 @@ from pagedbench.bench.records import write_json, write_text
 from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.throughput_study import Trace, Workload, make_trace
-from pagedbench.refengine import ModelConfig, SamplingParams, load_model
+from pagedbench.refengine import SamplingParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, StepShape
 
 #: the trace and the two rates (fractions of the fitted model's saturation rate); small, so the whole
@@ -255,8 +255,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
     spec = cfg.engine
     cost, wake, after = load_cost(calibration, spec)
     torch.set_num_threads(spec.torch_threads)
-    model_cfg = ModelConfig.from_yaml(MODELS, name=spec.model)
-    loaded = load_model(model_cfg, dtype=spec.dtype, attention_backend=spec.attention_backend, seed=spec.seed)
+    loaded, model_cfg = load_engine_model(spec)
     trace = make_trace(Workload("sharegpt", "sharegpt", LENGTH_SCALE, NUM_REQUESTS),
                        vocab_size=model_cfg.vocab_size, max_model_len=spec.max_model_len, seed=TRACE_SEED)
     offline = serve_simulated(spec, trace, cost, after)
@@ -342,9 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     record = run(args.config, args.calibration, refit=not args.no_refit)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "calibration_online.json", record)
+    name = f"{args.calibration.stem}_online"  # calibration.json -> calibration_online.json, beside its model's
+    write_json(args.out / f"{name}.json", record)
     text = render_markdown(record)
-    write_text(args.out / "calibration_online.md", text)
+    write_text(args.out / f"{name}.md", text)
     print(text)
 
 

@@ -41,9 +41,10 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_results(record: dict, out: Path) -> tuple[Path, Path]:
+def write_results(record: dict, out: Path, name: str = "calibration") -> tuple[Path, Path]:
+    """``out/name.json`` and ``out/name.md``, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / "calibration.json", out / "calibration.md"
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
     write_atomic(json_path, json.dumps(record, indent=2) + "\n")
     write_atomic(md_path, render_markdown(record))
     return json_path, md_path
@@ -125,7 +126,7 @@ def _after_prefill_table(after: dict | None) -> list[str]:
     ]
 
 
-def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
+def _validation_tables(v: dict, cal_cpu_share: float, name: str) -> list[str]:
     lat, sched, mk = v["latency"], v["schedule"], v["makespan"]
     t = v["trace"]
     rows = [("per-request latency, median abs err", "", "", _pct(lat["median_abs_rel_error"]),
@@ -155,7 +156,7 @@ def _validation_tables(v: dict, cal_cpu_share: float) -> list[str]:
         f"{', '.join(f'{x:.1%}' for x in mk['cpu_share_of_wall'])} (calibration: {cal_cpu_share:.1%}).", "",
         "This trace arrives at once (an offline batch). The same model checked online, under Poisson arrivals "
         "in real time at a low rate and near saturation (TTFT, TPOT and E2E per percentile, KS statistics): "
-        "[calibration_online.md](calibration_online.md), written by `calibrate_online` from this file.", "",
+        f"[{name}_online.md]({name}_online.md), written by `calibrate_online` from this file.", "",
     ]
 
 
@@ -232,7 +233,8 @@ def render_markdown(record: dict) -> str:
         *_fit_tables(record["calibration"]),
         *_wake_table(record["calibration"].get("wake")),
         *_after_prefill_table(record["calibration"].get("after_prefill")),
-        *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"]),
+        *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"],
+                            record.get("results_name", "calibration")),
         *_variants_table(record),
         *_since_prefill_table(record),
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 from pagedbench.bench import calibrate
-from pagedbench.bench.calibrate_config import CONFIG, join_pairs, load_config
+from pagedbench.bench.calibrate_config import CONFIG, join_pairs, load_config, model_config
 from pagedbench.bench.calibrate_report import write_atomic
 from pagedbench.bench.calibrate_steps import (
     StepGrid,
@@ -235,6 +235,7 @@ def _bad_config(tmp_path: Path, edit) -> Path:
      "exceed engine.max_num_seqs"),
     (lambda r: r["grid"].update(after_prefill_repeats=200), False, "grid.after_prefill_stretch", "reaches"),
     (lambda r: r["grid"].update(after_prefill_context=1024), False, "grid.after_prefill_context", "shorter than"),
+    (lambda r: r["engine"].update(model="models/no-such-model"), False, "engine.model", "nor a model folder"),
 ])
 def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, problem):
     path = _bad_config(tmp_path, edit)
@@ -242,6 +243,21 @@ def test_bad_config_names_the_file_and_the_field(tmp_path, edit, quick, field, p
         load_config(path, quick=quick)
     assert isinstance(info.value, ProfileError) and info.value.field == field
     assert str(path) in str(info.value) and f"field {field!r}" in str(info.value)
+
+
+def test_a_model_folder_is_read_from_its_config_json(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    hf = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 1024,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(hf))
+    path = _bad_config(tmp_path, lambda r: r["engine"].update(model=str(folder)))
+    assert load_config(path).engine.model == str(folder)
+    path = _bad_config(tmp_path, lambda r: r["engine"].update(model=str(folder), max_model_len=2048))
+    with pytest.raises(ProfileError, match=r"2048 exceeds model .* 1024"):  # the folder's own positions
+        load_config(path)
+    assert model_config(str(folder)).max_position_embeddings == 1024 and model_config("small").vocab_size > 0
 
 
 def test_the_shipped_config_loads_both_ways():
