@@ -4,6 +4,7 @@ step, preemption, external fragmentation, buddy rounding, the sharing measure, a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 
 import pytest
@@ -135,6 +136,23 @@ def test_requests_that_cannot_fit_are_refused():
     with pytest.raises(ValueError, match=r"request 0 can never be admitted by Orca \(Max\) with 6 slots"):
         simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"),
                  SimConfig(kv_slots=6, max_seq_len=8, step_s=1.0))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_pauses_cycle_collection_and_restores_it(enabled):
+    """The cycle collector is off while the run steps (it would only walk live objects) and as it was
+    after, the run ending or raising."""
+    seen = []
+    trace = (Request(0, 3, 2), Request(1, 2, 1))
+    (gc.enable if enabled else gc.disable)()
+    try:
+        simulate(trace, PAGED4, cfg(8), on_step=lambda: seen.append(gc.isenabled()))
+        assert seen and not any(seen) and gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="can never be admitted"):
+            simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"), SimConfig(kv_slots=6, max_seq_len=8))
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
 
 
 def test_sharing_saving_hand_computed():
