@@ -524,13 +524,16 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
         while run.step():
             if on_step is not None:
                 on_step()
-        return run.result()
+        result = run.result()
+        run.core.executor.run = None  # its one cycle (run, core, executor, run) broken: freed at once
+        del run
+    return result
 
 
 @contextlib.contextmanager
 def _no_cycle_collection():
-    """Python's cycle collector paused (as it was after). A run's objects live until it ends (its own
-    graph, a cycle, is freed as a whole afterwards) and its steps leave no cycles behind, so every
+    """Python's cycle collector paused (as it was after). A run's objects live until it ends (then freed
+    by their reference counts, its one cycle broken) and its steps leave no cycles behind, so every
     collection mid-run would find nothing and only walk the run's live requests again (and whatever the
     caller keeps: a study holding an earlier run's result), a tenth of a fast-forwarded run's time."""
     enabled = gc.isenabled()
