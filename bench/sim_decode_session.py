@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 
+from pagedbench.bench.sim_admission import admit
 from pagedbench.bench.sim_run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
@@ -350,7 +351,7 @@ class DecodeSession:
         self._takes(g, g + 1)
         self._flush()
         chunks: list = []
-        budget = sched._admit(chunks, sched.max_num_batched_tokens - b)
+        budget = admit(sched, chunks, sched.max_num_batched_tokens - b)  # (its refused allocation counted)
         sched.peak_running = max(sched.peak_running, len(running))
         run.peak_used = max(run.peak_used, bm.num_used_blocks)
         if self.constant_s is not None:
