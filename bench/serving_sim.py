@@ -319,6 +319,7 @@ class _Run:
                 and self.after_prefill is None
                 and FastForward.applies(self))
         self.fast = FastForward(self) if fast else None
+        self.chain_runs = True  # step() serves runs one after another (False: one per call, for on_step)
 
     def _arrive(self) -> None:
         now, core = self.clock.now(), self.core
@@ -391,10 +392,23 @@ class _Run:
             return True
         if self.clock.now() > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
             return False
-        if self.fast is not None:  # a run of decode steps at once
-            done = self.fast.advance(self)
-            if done is not None:
-                return self._count(self.clock.now(), done)
+        fast = self.fast
+        if fast is not None:  # a run of decode steps at once
+            done = fast.advance(self)
+            while done is not None:
+                if not self._count(self.clock.now(), done):
+                    return False
+                if not self.chain_runs:
+                    return True
+                # the next call's start, made here (a run after a run, the commonest by far)
+                now, pending = self.clock.now(), self.pending
+                if pending and pending[0].arrival_s <= now:
+                    self._arrive()
+                if not core.has_unfinished():
+                    return True
+                if now > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
+                    return False
+                done = fast.advance(self)
         try:
             report = core.step()
         except RuntimeError as e:  # the scheduler could not place the head of the queue at all
@@ -520,6 +534,7 @@ def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = S
                prompt_tokens, make_manager, fast_forward, group)
     if on_step is not None and run.fast is not None:
         run.fast.lazy = False  # on_step may read the running sequences: each run leaves them told
+        run.chain_runs = False  # and is called after each run
     with _no_cycle_collection():
         while run.step():
             if on_step is not None:

@@ -112,6 +112,60 @@ def test_no_fast_forward_past_the_window_without_drain(monkeypatch):
     assert fast == slow and slow.num_finished < len(trace)
 
 
+def test_on_step_is_called_after_each_run_with_the_sequences_told(monkeypatch):
+    # without on_step a call of the run's step serves runs one after another; with it, one run a call, and
+    # the running sequences hold every token (no decode session keeps them lazy)
+    from pagedbench.bench.sim_fast_forward import FastForward
+
+    trace = _eventful(120, 1, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, watermark=0.05, step_s=0.01)
+    runs, managers = [0], []
+    real_advance = FastForward.advance
+
+    def counting(self, run):
+        done = real_advance(self, run)
+        runs[0] += done is not None
+        return done
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    monkeypatch.setattr(FastForward, "advance", counting)
+    calls, told = [0], []
+
+    def on_step():
+        calls[0] += 1
+        (bm,) = managers
+        sched = scheds[0]
+        told.append(all(s.num_computed_tokens == len(s.token_ids) - 1 == bm.num_tokens(s.seq_id)
+                        for s in sched.running if s.num_computed_tokens))
+
+    scheds = []
+    real_init = serving_sim._Run.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        scheds.append(self.sched)
+
+    monkeypatch.setattr(serving_sim._Run, "__init__", init)
+    with_calls = simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager, on_step=on_step)
+    assert runs[0] > 20 and calls[0] >= runs[0] and all(told)
+    runs[0] = 0
+    managers.clear()
+    scheds.clear()
+    chained = []
+    real_step = serving_sim._Run.step
+
+    def counting_steps(self):
+        chained.append(1)
+        return real_step(self)
+
+    monkeypatch.setattr(serving_sim._Run, "step", counting_steps)
+    assert simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager) == with_calls
+    assert len(chained) < runs[0] / 2  # (the runs one after another in a call)
+
+
 def test_accounting_runs_step_by_step():
     trace = workloads.synthetic("sharegpt", 10, seed=5, max_seq_len=512)
     cfg = SimConfig(kv_slots=8000, max_seq_len=512)
