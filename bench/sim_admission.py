@@ -27,17 +27,18 @@ def admit(sched, chunks: list, budget: int) -> int:
     if cut is None:
         return sched._admit(chunks, budget)
     waiting = sched.waiting
-    hidden = waiting[cut:]
-    del waiting[cut:]
+    # the scheduler's loop sees the queue up to the refused sequence (a new list of those few: the queue
+    # itself may be thousands long), and takes what it admits from its front, as from the queue's
+    shown = sched.waiting = waiting[:cut]
     try:
         budget = sched._admit(chunks, budget)
     finally:
-        reached = not waiting  # every sequence before it admitted: the loop would try it next
-        waiting += hidden
-    running = sched.running
-    if reached and budget > 0:
+        sched.waiting = waiting
+        del waiting[:cut - len(shown)]
+    if not shown and budget > 0:  # every sequence before it admitted: the loop would try it next
+        running = sched.running
         seats = len(running) + sum(map(len, map(_PENDING_CHILDREN, running)))  # (at C speed)
-        if seats + hidden[0].seats <= sched.max_num_seqs:
+        if seats + waiting[0].seats <= sched.max_num_seqs:
             sched.block_manager.record_refused_allocations(1)
     return budget
 
