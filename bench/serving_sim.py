@@ -395,18 +395,22 @@ class _Run:
         fast = self.fast
         if fast is not None:  # a run of decode steps at once
             done = fast.advance(self)
+            clock, sched, pending, w1 = self.clock, self.sched, self.pending, self.window[1]
+            watch = self.cfg.stop_on_overload  # (the overload test reads the arrivals then)
+            ends = not self.cfg.drain and self.cfg.span_s is None  # a step past the window ends the run
             while done is not None:
-                if not self._count(self.clock.now(), done):
+                now = clock.now()
+                # the overload test changes nothing for a run that completed nothing, inside the window
+                if (done or watch or now > w1) and not self._count(now, done):
                     return False
                 if not self.chain_runs:
                     return True
                 # the next call's start, made here (a run after a run, the commonest by far)
-                now, pending = self.clock.now(), self.pending
                 if pending and pending[0].arrival_s <= now:
                     self._arrive()
-                if not core.has_unfinished():
+                if not (sched.waiting or sched.running):
                     return True
-                if now > self.window[1] and not self.cfg.drain and self.cfg.span_s is None:
+                if now > w1 and ends:
                     return False
                 done = fast.advance(self)
         try:

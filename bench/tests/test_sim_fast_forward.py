@@ -278,6 +278,19 @@ def test_identical_with_a_span_cool_down_and_the_overload_stop(stop, monkeypatch
     assert fast_steps < slow_steps / 3
 
 
+@pytest.mark.parametrize("step_s", [0.03, 0.07])
+def test_a_span_ends_at_the_first_step_past_the_window_when_every_measured_request_is_done(step_s):
+    # the window is [1, 7]: the requests arriving in it are done well before 7, while a warm-up request and
+    # the cool-down's keep decoding across its end; step-by-step simulation stops after the first step
+    # ending past it (the overload test closes the window with nothing measured left), a run completing
+    # nothing there included
+    trace = (Request(0, 20, 400, 0.5), *(Request(i, 10, 5, 1.0 + 0.5 * i) for i in range(1, 11)),
+             Request(11, 20, 300, 7.5), Request(12, 20, 300, 8.0))
+    cfg = SimConfig(kv_slots=4096, max_seq_len=1024, span_s=10.0, cooldown_frac=0.3, step_s=step_s)
+    slow, fast = (simulate(trace, AllocatorSpec("paged", 16), cfg, account=False, fast_forward=ff) for ff in (0, 1))
+    assert fast == slow and 7.0 < slow.simulated_s <= 7.0 + step_s and slow.num_finished == 10
+
+
 def _eventful(n: int, seed: int, block_size: int) -> tuple[Request, ...]:
     """Short prompts and outputs (one token often) arriving fast into a small pool: steps that finish,
     preempt and admit at once, and preemptions that free a block the same step's later takes need."""
