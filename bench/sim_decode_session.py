@@ -26,7 +26,9 @@ A run's cost is then its steps, its takes and its events. Anything the session d
 from __future__ import annotations
 
 import heapq
+from itertools import repeat
 
+from pagedbench.bench.sim_admission import admit
 from pagedbench.bench.sim_run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
@@ -118,7 +120,7 @@ class DecodeSession:
         add = g - m.g0
         seq = m.seq
         if add:
-            seq.token_ids.extend([self.filler] * add)
+            seq.token_ids.extend(repeat(self.filler, add))
             if m.entry is not None:
                 m.entry[2].extend(self.step_ends[m.g0:g])
             m.n0 += add
@@ -143,7 +145,7 @@ class DecodeSession:
         refused = admits = False
         if sched.waiting:
             head = sched.waiting[0]
-            if b + head.seats <= sched.max_num_seqs and b < sched.max_num_batched_tokens:
+            if b + 1 + len(head.pending_children) <= sched.max_num_seqs and b < sched.max_num_batched_tokens:
                 refused = not bm.can_allocate(len(head.token_ids), reserve_free_blocks=sched.watermark_blocks)
                 admits = not refused
         lasts, members = self.lasts, self.members
@@ -195,7 +197,7 @@ class DecodeSession:
         rounds = k - 1 if event == "preempt" else k
         self._takes(g, g + rounds)
         self.g = g + rounds
-        used = bm.num_used_blocks + len(self.ids)  # the most the run's steps hold before the last
+        used = bm.num_blocks - avail + len(self.ids)  # the most the run's steps hold before the last
         if used > run.peak_used:
             run.peak_used = used
         refusals = rounds if refused else 0
@@ -350,7 +352,7 @@ class DecodeSession:
         self._takes(g, g + 1)
         self._flush()
         chunks: list = []
-        budget = sched._admit(chunks, sched.max_num_batched_tokens - b)
+        budget = admit(sched, chunks, sched.max_num_batched_tokens - b)  # (its refused allocation counted)
         sched.peak_running = max(sched.peak_running, len(running))
         run.peak_used = max(run.peak_used, bm.num_used_blocks)
         if self.constant_s is not None:

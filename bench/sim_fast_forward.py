@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import operator
 
+from pagedbench.bench.sim_admission import admit
 from pagedbench.bench.sim_decode_session import DecodeSession
 from pagedbench.bench.sim_run_clock import clock_steps, decode_run_of
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
@@ -393,7 +394,7 @@ class FastForward:
         filler = self.executor.filler_token
         self._apply(decoders, ends, 1, publish=False)
         chunks: list = []
-        budget = sched._admit(chunks, sched.max_num_batched_tokens - len(decoders))
+        budget = admit(sched, chunks, sched.max_num_batched_tokens - len(decoders))  # (its refused allocation counted)
         sched.peak_running = max(sched.peak_running, len(running))
         run.peak_used = max(run.peak_used, bm.num_used_blocks)
         lens, prefill = list(ends), []  # the step's shape (StepShape.of: decodes first)

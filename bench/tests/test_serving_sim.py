@@ -4,12 +4,15 @@ step, preemption, external fragmentation, buddy rounding, the sharing measure, a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import weakref
 
 import pytest
 from pagedbench.bench import memory_study
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
 from pagedbench.bench.workloads import Request, synthetic
+from pagedbench.refengine import BlockManager
 
 PAGED4, PAGED2 = AllocatorSpec("paged", 4), AllocatorSpec("paged", 2)
 
@@ -135,6 +138,46 @@ def test_requests_that_cannot_fit_are_refused():
     with pytest.raises(ValueError, match=r"request 0 can never be admitted by Orca \(Max\) with 6 slots"):
         simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"),
                  SimConfig(kv_slots=6, max_seq_len=8, step_s=1.0))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_pauses_cycle_collection_and_restores_it(enabled):
+    """The cycle collector is off while the run steps (it would only walk live objects) and as it was
+    after, the run ending or raising."""
+    seen = []
+    trace = (Request(0, 3, 2), Request(1, 2, 1))
+    (gc.enable if enabled else gc.disable)()
+    try:
+        simulate(trace, PAGED4, cfg(8), on_step=lambda: seen.append(gc.isenabled()))
+        assert seen and not any(seen) and gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="can never be admitted"):
+            simulate((Request(0, 4, 1),), AllocatorSpec("orca", 1, "max"), SimConfig(kv_slots=6, max_seq_len=8))
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_run_is_freed_by_reference_counting(fast):
+    """A run leaves no cycle holding its objects (the collector is paused while it steps): they go as it
+    returns, the block manager with them."""
+    refs = []
+
+    class Weak(BlockManager):  # (a weak reference needs a class without slots)
+        pass
+
+    def manager(spec, cfg):
+        bm = Weak(cfg.kv_slots // spec.block_size, spec.block_size)
+        refs.append(weakref.ref(bm))
+        return bm
+
+    gc.disable()
+    try:
+        trace = tuple(Request(i, 3 + i % 5, 2 + i % 7, 0.3 * i) for i in range(30))
+        result = simulate(trace, PAGED4, cfg(64), make_manager=manager, account=False, fast_forward=fast)
+        assert result.num_finished == 30 and refs and refs[0]() is None
+    finally:
+        gc.enable()
 
 
 def test_sharing_saving_hand_computed():

@@ -112,6 +112,60 @@ def test_no_fast_forward_past_the_window_without_drain(monkeypatch):
     assert fast == slow and slow.num_finished < len(trace)
 
 
+def test_on_step_is_called_after_each_run_with_the_sequences_told(monkeypatch):
+    # without on_step a call of the run's step serves runs one after another; with it, one run a call, and
+    # the running sequences hold every token (no decode session keeps them lazy)
+    from pagedbench.bench.sim_fast_forward import FastForward
+
+    trace = _eventful(120, 1, 4)
+    cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, watermark=0.05, step_s=0.01)
+    runs, managers = [0], []
+    real_advance = FastForward.advance
+
+    def counting(self, run):
+        done = real_advance(self, run)
+        runs[0] += done is not None
+        return done
+
+    def manager(spec, cfg):
+        managers.append(serving_sim._manager(spec, cfg))
+        return managers[-1]
+
+    monkeypatch.setattr(FastForward, "advance", counting)
+    calls, told = [0], []
+
+    def on_step():
+        calls[0] += 1
+        (bm,) = managers
+        sched = scheds[0]
+        told.append(all(s.num_computed_tokens == len(s.token_ids) - 1 == bm.num_tokens(s.seq_id)
+                        for s in sched.running if s.num_computed_tokens))
+
+    scheds = []
+    real_init = serving_sim._Run.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        scheds.append(self.sched)
+
+    monkeypatch.setattr(serving_sim._Run, "__init__", init)
+    with_calls = simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager, on_step=on_step)
+    assert runs[0] > 20 and calls[0] >= runs[0] and all(told)
+    runs[0] = 0
+    managers.clear()
+    scheds.clear()
+    chained = []
+    real_step = serving_sim._Run.step
+
+    def counting_steps(self):
+        chained.append(1)
+        return real_step(self)
+
+    monkeypatch.setattr(serving_sim._Run, "step", counting_steps)
+    assert simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager) == with_calls
+    assert len(chained) < runs[0] / 2  # (the runs one after another in a call)
+
+
 def test_accounting_runs_step_by_step():
     trace = workloads.synthetic("sharegpt", 10, seed=5, max_seq_len=512)
     cfg = SimConfig(kv_slots=8000, max_seq_len=512)
@@ -222,6 +276,19 @@ def test_identical_with_a_span_cool_down_and_the_overload_stop(stop, monkeypatch
     assert fast_shapes == slow_shapes and fast == slow and fast_bm.metrics() == slow_bm.metrics()
     assert slow.overload.overloaded and slow.overload.stopped_early == stop
     assert fast_steps < slow_steps / 3
+
+
+@pytest.mark.parametrize("step_s", [0.03, 0.07])
+def test_a_span_ends_at_the_first_step_past_the_window_when_every_measured_request_is_done(step_s):
+    # the window is [1, 7]: the requests arriving in it are done well before 7, while a warm-up request and
+    # the cool-down's keep decoding across its end; step-by-step simulation stops after the first step
+    # ending past it (the overload test closes the window with nothing measured left), a run completing
+    # nothing there included
+    trace = (Request(0, 20, 400, 0.5), *(Request(i, 10, 5, 1.0 + 0.5 * i) for i in range(1, 11)),
+             Request(11, 20, 300, 7.5), Request(12, 20, 300, 8.0))
+    cfg = SimConfig(kv_slots=4096, max_seq_len=1024, span_s=10.0, cooldown_frac=0.3, step_s=step_s)
+    slow, fast = (simulate(trace, AllocatorSpec("paged", 16), cfg, account=False, fast_forward=ff) for ff in (0, 1))
+    assert fast == slow and 7.0 < slow.simulated_s <= 7.0 + step_s and slow.num_finished == 10
 
 
 def _eventful(n: int, seed: int, block_size: int) -> tuple[Request, ...]:

@@ -41,17 +41,15 @@ for why this and not an exact undo.
 
 from __future__ import annotations
 
-import bisect
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pagedbench.refengine.engine import priority_order
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
 
 _PENDING_CHILDREN = operator.attrgetter("pending_children")
-# Sequence.priority at C speed (a bisect reads it log2(n) times per insertion)
-_PRIORITY = operator.attrgetter("request_id", "child_index")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +147,7 @@ class Scheduler:
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=_PRIORITY)
+        priority_order.insort(self.waiting, seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -333,7 +331,7 @@ class Scheduler:
                 seq.num_table_tokens = seq.num_admitted_tokens = seq.num_tokens
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = seq.num_computed_tokens
-                bisect.insort(self.running, seq, key=_PRIORITY)
+                priority_order.insort(self.running, seq)
                 n = min(seq.num_uncomputed_tokens, budget)
                 if n > 0:  # a group's later members may wait for the next step's prefill chunks
                     chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, n))
@@ -483,7 +481,7 @@ class Scheduler:
         self.block_manager.fork(parent.seq_id, child.seq_id)
         child.status = SequenceStatus.RUNNING
         child.num_computed_tokens = child.num_table_tokens = parent.num_table_tokens
-        bisect.insort(self.running, child, key=_PRIORITY)
+        priority_order.insort(self.running, child)
 
     def finish_now(self, seq: Sequence, reason: str) -> None:
         """End ``seq`` outside a step's update (beam search prunes a beam or ends its request): its
