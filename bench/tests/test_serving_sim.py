@@ -251,3 +251,41 @@ def test_trace_errors_name_file_line_and_field(tmp_path, line, message):
     path.write_text('{"prompt_len": 3, "output_len": 2, "arrival_s": 0.5}\n' + line + "\n")
     with pytest.raises(ValueError, match=message):
         load_jsonl(path)
+
+
+def test_an_earlier_commits_simulator_is_timed_on_the_same_trace_in_a_subprocess():
+    """HEAD's committed simulator, imported from its extracted copy (not the installed package), serves the trace
+    as this one does; a commit this clone lacks is reported, not raised."""
+    from pagedbench.bench.sim_baseline import time_commit
+    from pagedbench.bench.workloads import synthetic
+
+    base = time_commit("HEAD", num_requests=40, rate=4.0, block_size=16, kv_slots=4096)
+    assert "unavailable" not in base, base
+    here = simulate(synthetic("sharegpt", 40, rate=4.0, seed=0), AllocatorSpec("paged", 16),
+                    SimConfig(kv_slots=4096, step_s=0.08, policy="mixed"), account=False)
+    assert (base["generated_tokens"], base["num_steps"]) == (here.num_generated_tokens, here.num_steps)
+    assert base["wall_s"] > 0 and base["simulated_s"] == pytest.approx(here.simulated_s)
+    assert "not found" in time_commit("0" * 40, num_requests=4, rate=4.0, block_size=16, kv_slots=4096)["unavailable"]
+
+
+def test_sim_speed_times_the_goals_simulator_only_on_the_same_schedule(monkeypatch):
+    from pagedbench.bench import sim_speed
+
+    def other(commit, **kw):  # an older simulator that served another schedule
+        return {"commit": commit, "wall_s": 9.0, "cpu_s": 9.0, "generated_tokens": 1, "num_steps": 1,
+                "simulated_s": 1.0}
+
+    monkeypatch.setattr(sim_speed, "time_commit", other)
+    r = sim_speed.measure(20, 4.0, kv_slots=4096)
+    assert "differs" in r["goal_baseline"]["unavailable"] and r["fast_forward_speedup_over_baseline"] is None
+    text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
+    assert "was not timed: its trace or schedule differs" in text
+
+    def same(commit, **kw):
+        return {**other(commit), "generated_tokens": r["generated_tokens"], "num_steps": r["num_steps"]}
+
+    monkeypatch.setattr(sim_speed, "time_commit", same)
+    r = sim_speed.measure(20, 4.0, kv_slots=4096)
+    assert r["fast_forward_speedup_over_baseline"] == pytest.approx(9.0 / r["fast_forward_wall_s"])
+    text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
+    assert "when the goal was set" in text and f"{r['fast_forward_speedup_over_baseline']:.2f}×" in text
