@@ -184,9 +184,9 @@ def _baseline_note(r: dict) -> list[str]:
     return ["", f"The goal was set against the simulator of its day (commit {base['commit']}, step by step), "
             f"timed here on the same trace in a subprocess, with the same tokens and steps (checked): the "
             f"fast-forward makes {over:.2f}× its simulated tokens per wall second ({'met' if over >= 10 else 'not met'}"
-            f" against it). This commit's own step-by-step simulation is {base['wall_s'] / r['simulation_wall_s']:.2f}"
-            "× faster than that one (shared paths, such as the block manager's, got faster since); the ratio above "
-            "is over it."]
+            f" against it). This commit's own step-by-step simulation takes "
+            f"{r['simulation_wall_s'] / base['wall_s']:.2f}× that one's time on the trace; the speed-up above is over "
+            "it."]
 
 
 def _single_steps_note(r: dict) -> list[str]:
