@@ -43,8 +43,8 @@ def _after_prefill_note(after: dict | None) -> str:
     largest = max(after["prefill_tokens"])
     per_batch = ", ".join(f"{row[-1] * 1e3:+.2f} ms at {b} decoding" for b, row in zip(after["batches"], first))
     return (f", plus what a prefill costs the first {len(after['extra_s'][0][0])} decode steps after it (measured "
-            f"beside the fit, which was made without it; the first decode step after {largest} prefilled tokens: "
-            f"{per_batch})")
+            f"apart from the fit, which was made on the steps less it; the first decode step after {largest} "
+            f"prefilled tokens: {per_batch})")
 
 
 def _rate_section(r: dict) -> list[str]:

@@ -3,10 +3,10 @@ simulator was" means when the machine's speed drifts 2x between runs.
 
 :func:`time_commit` extracts the commit's ``refengine``, ``kernels``, ``conformance`` and ``bench`` folders
 (``git archive``) into a temporary folder laid out as the ``pagedbench`` package, and times one step-by-step
-simulation there in a subprocess that imports that copy (the installed editable package's finder is taken
-out of its import system first, and the module's file is checked). Its trace is built by the commit's own
-``workloads.synthetic`` with the same arguments; the caller compares the generated tokens and steps with its
-own run, so a changed trace or schedule is seen rather than timed.
+simulation there in a subprocess that imports that copy (put first on its path; the module's file is
+checked, so a run that imported the installed package instead fails rather than timing it). Its trace is
+built by the commit's own ``workloads.synthetic`` with the same arguments; the caller compares the generated
+tokens and steps with its own run, so a changed trace or schedule is seen rather than timed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ PARTS = ("refengine", "kernels", "conformance", "bench")
 
 _SCRIPT = r"""
 import json, sys, time
-sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
 sys.path.insert(0, sys.argv[1])
 from pagedbench.bench import workloads, serving_sim
 if not serving_sim.__file__.startswith(sys.argv[1]):
