@@ -497,7 +497,7 @@ class _Run:
             self.fast.end_session()
         m = max(self.num_measured, 1)
         shares = Shares(*(s / (m * self.total) for s in self.sums))
-        lat = [(req.finish_s - r.arrival_s, r.output_len) for r, req in self.requests if req.finish_s is not None]
+        lat = [(end - r.arrival_s, r.output_len) for r, req in self.requests if (end := req.finish_s) is not None]
         norm = sum(d / n for d, n in lat) / len(lat) if lat else None
         w0, w1 = self.window
         overload = None

@@ -26,8 +26,6 @@ A run's cost is then its steps, its takes and its events. Anything the session d
 from __future__ import annotations
 
 import heapq
-from itertools import repeat
-
 from pagedbench.bench.sim_admission import admit
 from pagedbench.bench.sim_run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
@@ -120,7 +118,7 @@ class DecodeSession:
         add = g - m.g0
         seq = m.seq
         if add:
-            seq.token_ids.extend(repeat(self.filler, add))
+            seq.token_ids += [self.filler] * add
             if m.entry is not None:
                 m.entry[2].extend(self.step_ends[m.g0:g])
             m.n0 += add

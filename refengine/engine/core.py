@@ -197,10 +197,11 @@ class EngineCore:
                       arrival_s=arrival_s)
         if error is not None:
             return req
-        base = params.seed if params.seed is not None else derive_seed(self.seed, request_id)
-        make = self.make_generator
+        make = None if params.greedy else self.make_generator  # (a greedy request draws nothing)
+        if make is not None:
+            base = params.seed if params.seed is not None else derive_seed(self.seed, request_id)
         for i in range(params.n):
-            gen = None if params.greedy or make is None else make(base, i)
+            gen = None if make is None else make(base, i)
             req.children.append(Sequence(self.next_seq_id, request_id, i, list(token_ids), len(token_ids),
                                          params, gen, cache_salt=cache_salt,
                                          logprobs=None if params.logprobs is None else []))

@@ -6,9 +6,12 @@ nothing), and a prompt of plain ints is taken as a copy, like any other."""
 from __future__ import annotations
 
 import random
+import struct
 
+import numpy as np
 import pytest
 from pagedbench.refengine import BlockManager
+from pagedbench.refengine.kv import block_manager
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
 
 
@@ -411,3 +414,32 @@ def test_a_prompt_of_ints_is_checked_whole_on_the_fast_path(bad):
     assert not bm.has_sequence("a") and bm.num_free_blocks == 4
     bm.allocate("a", [0, 2**63 - 1])  # the bounds themselves are tokens
     assert bm.token_ids("a") == [0, 2**63 - 1]
+
+
+class _Id(int):
+    """An int subclass (an enum member, say): a token once made a plain int."""
+
+
+_PROMPTS = [[0, 5, 2**31 - 1], [0, True, 3], [0, -1, 3], [-(2**31)], [2**31 - 1, 2**31], [0, 1.0], [0, _Id(7)],
+            [0, np.int64(9), 4], [3] * 40 + [-2], [3] * 40 + [False], [7], [2**40, 1],
+            [1.0, True], [5, 1.5, False, 6],  # (a float and a bool fill two records: the length alone passes)
+            [struct.unpack("<d", b"iiiiiiii")[0]]]  # (a float whose bytes read as int codes: the codes alone pass)
+
+
+@pytest.mark.parametrize("prompt", _PROMPTS, ids=range(len(_PROMPTS)))
+def test_the_marshal_check_of_a_prompt_decides_as_the_general_checks(prompt, monkeypatch):
+    """A list read from its marshal record (the fast path for ints below 2**31) is taken or refused as the
+    general checks take or refuse it: a bool, a negative int (-1's record has its top byte set), a float,
+    an int subclass or a numpy scalar is never read as a plain token there, and a large id is not refused."""
+    assert block_manager._MARSHAL_CHECK  # this Python writes the layout the fast path reads
+
+    def outcome():
+        try:
+            return block_manager._token_list(prompt)
+        except InvalidArgumentError as e:
+            return str(e)
+
+    fast = outcome()
+    monkeypatch.setattr(block_manager, "_MARSHAL_CHECK", False)
+    general = outcome()
+    assert fast == general and all(type(t) is int for t in (fast if isinstance(fast, list) else []))
