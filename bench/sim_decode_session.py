@@ -26,6 +26,7 @@ A run's cost is then its steps, its takes and its events. Anything the session d
 from __future__ import annotations
 
 import heapq
+
 from pagedbench.bench.sim_admission import admit
 from pagedbench.bench.sim_run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
