@@ -110,9 +110,9 @@ TARGETS = (
             f"{SUITE}/test_copy_on_write_data.py",
         ),
     ),
-    Target(
-        "refengine/kv/block_manager.py",
-        ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one"),
+    *(Target(
+        path,
+        operators,
         (
             f"{SUITE}/test_block_manager.py",
             f"{SUITE}/test_block_manager_scenarios.py",
@@ -120,7 +120,11 @@ TARGETS = (
             f"{SUITE}/test_block_manager_stateful.py",
             "refengine/tests/test_block_manager_fast_paths.py",
         ),
-    ),
+    ) for path, operators in (
+        ("refengine/kv/block_manager.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
+        ("refengine/kv/prefix_cache.py", ("compare_boundary", "const_off_by_one")),
+        ("refengine/kv/token_checks.py", ("compare_boundary", "const_off_by_one")),
+    )),
     Target(
         "refengine/kv/decode_rounds.py",
         ("compare_boundary", "const_off_by_one"),

@@ -17,9 +17,9 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "addition rounds to exactly"
     ),
     ("refengine/kv/block_manager.py", "append_tokens", "compare_boundary",
-     "if set(map(type, new)) != {int} or min(new) <= 0 or max(new) >= _MAX_TOKEN: # at C speed"): (
-        "a run holding token 0 then takes the slow path, which checks every token with _token_id (0 passes) and "
-        "makes the same list of plain ints: the same tokens appended, only slower"
+     "if set(map(type, new)) != {int} or min(new) <= 0 or max(new) >= MAX_TOKEN: # at C speed"): (
+        "a run holding token 0 then takes the slow path, which checks every token with checked_token_id (0 passes) "
+        "and makes the same list of plain ints: the same tokens appended, only slower"
     ),
     ("refengine/engine/scheduler.py", "_admit", "compare_boundary",
      "if size >= 1 and not self._fits_together(group):"): (
@@ -32,7 +32,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
     ("refengine/kv/decode_rounds.py", "append_token_rounds", "compare_boundary", "if upto >= seq.num_computed:"): (
         "when upto equals num_computed the assignment stores the value it already holds"
     ),
-    ("refengine/kv/block_manager.py", "_publish", "compare_boundary", "if i > upto_blocks:"): (
+    ("refengine/kv/prefix_cache.py", "_publish", "compare_boundary", "if i > upto_blocks:"): (
         "with i == upto_blocks the early return is skipped, but the rest publishes nothing (the loop runs "
         "while i < upto_blocks) and stores back the same num_published, chain hash and chain key"
     ),
@@ -67,7 +67,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "is not finished either way"
     ),
     (
-        "refengine/kv/block_manager.py",
+        "refengine/kv/prefix_cache.py",
         "publish_blocks",
         "compare_boundary",
         "if num_tokens >= seq.num_computed:",

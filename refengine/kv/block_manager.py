@@ -32,10 +32,6 @@ before its head. Every failed call raises before changing anything.
 
 from __future__ import annotations
 
-import marshal
-import operator
-import sys
-from array import array
 from collections.abc import Hashable, Iterable
 from dataclasses import asdict, dataclass
 
@@ -53,11 +49,16 @@ from pagedbench.refengine.kv.block_manager_checks import (
 )
 from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
+from pagedbench.refengine.kv.prefix_cache import PrefixCache
+from pagedbench.refengine.kv.token_checks import (
+    MAX_TOKEN,
+    checked_positive_int,
+    checked_token_id,
+    checked_token_list,
+)
 
 __all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 
-_MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
-_SIGN_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)  # of int64 words
 
 
 class _Sequence:
@@ -89,7 +90,7 @@ class AllocationPreview:
     num_hit_blocks: int  # its leading blocks the prefix cache would serve (0 without prefix caching)
 
 
-class BlockManager(DecodeRounds):
+class BlockManager(PrefixCache, DecodeRounds):
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
@@ -98,8 +99,8 @@ class BlockManager(DecodeRounds):
                  "enable_prefix_caching")
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
-        self._num_blocks = _positive_int("num_blocks", num_blocks)
-        self._block_size = _positive_int("block_size", block_size)
+        self._num_blocks = checked_positive_int("num_blocks", num_blocks)
+        self._block_size = checked_positive_int("block_size", block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._blocks = [KVBlock(i) for i in range(self._num_blocks)]
         self._free = FreeBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
@@ -216,8 +217,8 @@ class BlockManager(DecodeRounds):
             seq = self._seqs[seq_id]
         except (KeyError, TypeError):
             seq = self._get(seq_id)  # raises the error that names the problem
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            token_id = _token_id(token_id)
+        if type(token_id) is not int or not 0 <= token_id < MAX_TOKEN:
+            token_id = checked_token_id(token_id)
         tokens = seq.token_ids
         n = len(tokens)
         bs = self._block_size
@@ -251,10 +252,10 @@ class BlockManager(DecodeRounds):
         new = list(token_ids)
         if not new:
             return
-        if set(map(type, new)) != {int} or min(new) < 0 or max(new) >= _MAX_TOKEN:  # at C speed
+        if set(map(type, new)) != {int} or min(new) < 0 or max(new) >= MAX_TOKEN:  # at C speed
             for t in new:
-                _token_id(t)  # raises the error that names the bad one
-            new = [_token_id(t) for t in new]  # numpy or torch scalars: plain ints
+                checked_token_id(t)  # raises the error that names the bad one
+            new = [checked_token_id(t) for t in new]  # numpy or torch scalars: plain ints
         tokens = seq.token_ids
         n, m, bs = len(tokens), len(new), self._block_size
         if n % bs and seq.blocks[-1].ref_count != 1:
@@ -389,22 +390,6 @@ class BlockManager(DecodeRounds):
         except TypeError:
             return False
 
-    def publish_blocks(self, seq_id: Hashable, num_tokens: int) -> None:
-        """Mark the first ``num_tokens`` tokens' KV written; cache every full block they cover.
-
-        Call it as chunked prefill writes the prompt (after ``allocate(..., publish=False)``). Blocks
-        that later fill through :meth:`append_token` are cached only once every earlier token is written.
-        """
-        seq = self._get(seq_id)
-        n = len(seq.token_ids)
-        if type(num_tokens) is not int or not 0 <= num_tokens <= n:
-            raise InvalidArgumentError(f"num_tokens must be an int in [0, {n}] for sequence {seq_id!r}, "
-                                       f"got {num_tokens!r}")
-        if num_tokens > seq.num_computed:
-            seq.num_computed = num_tokens
-        if self.enable_prefix_caching:
-            self._publish(seq, num_tokens // self._block_size)
-
     def free_block_ids(self) -> list[int]:
         """Free block ids in the order fresh blocks are taken: uncached FIFO, then cached LRU first."""
         return self._free.block_ids() + self._cached.block_ids()
@@ -448,7 +433,7 @@ class BlockManager(DecodeRounds):
         """A prompt as a new list of ints, after allocate's checks of its arguments."""
         if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
             raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
-        tokens = _token_list(token_ids)
+        tokens = checked_token_list(token_ids)
         try:
             prefix_hash.salt_bytes(cache_salt)
         except TypeError as e:
@@ -498,140 +483,7 @@ class BlockManager(DecodeRounds):
         b.ref_count = 1
         return b
 
-    def _lookup(self, tokens: list[int], salt: object) -> tuple[list[KVBlock], bytes, object]:
-        """The longest verified chain of published blocks for a prompt (never its last token)."""
-        bs = self._block_size
-        h = prefix_hash.root_hash(salt)
-        key: object = ("root", salt)
-        hits: list[KVBlock] = []
-        cache = self._cache
-        for i in range((len(tokens) - 1) // bs):
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
-            nh = prefix_hash.block_hash(h, chunk)
-            b = cache.get(nh)
-            if b is None or b.token_ids != chunk or b.parent_key != key:  # miss, or a hash collision
-                break
-            hits.append(b)
-            h, key = nh, b.content_id
-        return hits, h, key
-
-    def _publish(self, seq: _Sequence, upto_blocks: int) -> None:
-        """Publish ``seq``'s full blocks [num_published, upto_blocks) (an already cached twin is kept)."""
-        i = seq.num_published
-        if i >= upto_blocks:
-            return
-        h, key = seq.chain_hash, seq.chain_key
-        if key is None:  # the chain met a hash collision: publish nothing more
-            seq.num_published = upto_blocks
-            return
-        bs, cache, tokens = self._block_size, self._cache, seq.token_ids
-        while i < upto_blocks:
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
-            nh = prefix_hash.block_hash(h, chunk)
-            existing = cache.get(nh)
-            if existing is None:
-                b = seq.blocks[i]
-                b.block_hash, b.parent_hash, b.token_ids, b.parent_key = nh, h, chunk, key
-                b.content_id = self._next_content_id
-                self._next_content_id += 1
-                cache[nh] = b
-                key = b.content_id
-            elif existing.token_ids == chunk and existing.parent_key == key:
-                b = seq.blocks[i]
-                if b.block_hash is None:  # the same KV, computed again in another block: a twin
-                    b.block_hash, b.parent_hash, b.token_ids, b.parent_key = nh, h, chunk, key
-                    b.content_id = existing.content_id  # children chain off either copy alike
-                    self._twins.setdefault(nh, []).append(b)
-                key = existing.content_id
-            else:  # a collision: never let this chain's children point under another prompt's block
-                key = None
-                i = upto_blocks
-                break
-            h = nh
-            i += 1
-        seq.num_published, seq.chain_hash, seq.chain_key = i, h, key
-
 
 def _fits(num_fresh: int, reserve_free_blocks: int, available: int) -> bool:
     """allocate's test (one place, for allocate and allocation_preview alike)."""
     return num_fresh + reserve_free_blocks <= available
-
-
-def _positive_int(name: str, value: object) -> int:
-    if type(value) is not int or value < 1:
-        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _token_id(token_id: object) -> int:
-    if isinstance(token_id, bool):  # an int subclass, and never a token: a caller's mistake
-        raise InvalidArgumentError(f"token id must be an int, got bool {token_id!r}")
-    try:
-        t = operator.index(token_id)
-    except TypeError:
-        raise InvalidArgumentError(f"token id must be an int, got {type(token_id).__name__}") from None
-    if not 0 <= t < _MAX_TOKEN:
-        raise InvalidArgumentError(f"token id must be in [0, 2**63), got {t}")
-    return t
-
-
-def _small_ints(tokens: list) -> bool:
-    """Whether every item is an int itself in [0, 2**31), read from the list's marshal record (format 2,
-    no back-references) in one pass at C speed: a 5-byte header (``[`` and the count), then one record
-    per item starting with its type code. Only an int itself below 2**31 in magnitude is written as
-    ``i`` and four little-endian bytes; a bool, a larger int, a float or another type is written
-    otherwise (or refused). If the record is exactly 5 + 5 * n bytes long and every fifth byte from the
-    fifth is ``i``, then by induction each record is such an int (the first starts at byte 5, and each
-    ``i`` record is 5 bytes long, so the next starts where the next ``i`` is), and its fourth value
-    byte below 0x80 says it is not negative."""
-    try:
-        record = marshal.dumps(tokens, 2)
-    except ValueError:  # an item marshal cannot write (a numpy scalar): the general checks decide
-        return False
-    n = len(tokens)
-    return len(record) == 5 + 5 * n and record[5::5].count(105) == n and record[9::5].isascii()
-
-
-# the layout above, probed once (a Python whose marshal writes format 2 otherwise takes the general checks)
-_MARSHAL_CHECK = marshal.dumps([0, 1, 2**31 - 1], 2) == (
-    b"[\x03\x00\x00\x00i\x00\x00\x00\x00i\x01\x00\x00\x00i\xff\xff\xff\x7f")
-
-
-def _token_list(token_ids: Iterable[int]) -> list[int]:
-    """The prompt as a new list of ints, validated at C speed (plain ints by min and max, others by ``array``)."""
-    if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
-        raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
-    tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
-    if tokens and _MARSHAL_CHECK and _small_ints(tokens):
-        return tokens
-    # otherwise in two passes at C speed: every item an int itself (no bool, no numpy scalar), and as an
-    # int64 (an OverflowError past it) none negative (every word's sign byte an ASCII byte)
-    if tokens and operator.countOf(map(type, tokens), int) == len(tokens):
-        try:
-            if array("q", tokens).tobytes()[_SIGN_BYTES].isascii():
-                return tokens
-        except OverflowError:
-            pass  # the checks below name it
-    types = set(map(type, tokens))  # at C speed
-    if types == {int}:  # the common case, checked in two more passes (array's below make three)
-        lo, hi = min(tokens), max(tokens)
-        if lo < 0:
-            raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {lo}")
-        if hi >= 1 << 63:
-            raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63")
-        return tokens
-    try:
-        words = array("q", tokens)  # raises on a non-int or an id outside int64
-    except TypeError:
-        raise InvalidArgumentError("token_ids must be a sequence of ints") from None
-    except OverflowError:
-        raise InvalidArgumentError("token ids must be in [0, 2**63), got one >= 2**63") from None
-    if not tokens:
-        raise InvalidArgumentError("a prompt needs at least 1 token, got 0")
-    if min(words) < 0:
-        raise InvalidArgumentError(f"token ids must be in [0, 2**63), got {min(words)}")
-    if bool in types:  # array("q") accepts bools, which are never tokens
-        raise InvalidArgumentError("token ids must be ints, got a bool")
-    if types != {int}:  # numpy or torch scalars: plain ints
-        tokens = words.tolist()
-    return tokens

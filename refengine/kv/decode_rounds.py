@@ -19,6 +19,7 @@ from collections.abc import Hashable, Iterable
 
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
 from pagedbench.refengine.kv import prefix_hash
+from pagedbench.refengine.kv.token_checks import checked_token_id
 
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 
@@ -247,6 +248,4 @@ def _checked_token(token_id: object) -> int:
     manager's one check of a token id (which names the problem)."""
     if type(token_id) is int and 0 <= token_id < _MAX_TOKEN:
         return token_id
-    from pagedbench.refengine.kv.block_manager import _token_id
-
-    return _token_id(token_id)
+    return checked_token_id(token_id)

@@ -11,8 +11,8 @@ import struct
 import numpy as np
 import pytest
 from pagedbench.refengine import BlockManager
-from pagedbench.refengine.kv import block_manager
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError, UnknownSequenceError
+from pagedbench.refengine.kv import token_checks
 
 
 def _state(bm: BlockManager, ids) -> tuple:
@@ -431,15 +431,15 @@ def test_the_marshal_check_of_a_prompt_decides_as_the_general_checks(prompt, mon
     """A list read from its marshal record (the fast path for ints below 2**31) is taken or refused as the
     general checks take or refuse it: a bool, a negative int (-1's record has its top byte set), a float,
     an int subclass or a numpy scalar is never read as a plain token there, and a large id is not refused."""
-    assert block_manager._MARSHAL_CHECK  # this Python writes the layout the fast path reads
+    assert token_checks.MARSHAL_CHECK  # this Python writes the layout the fast path reads
 
     def outcome():
         try:
-            return block_manager._token_list(prompt)
+            return token_checks.checked_token_list(prompt)
         except InvalidArgumentError as e:
             return str(e)
 
     fast = outcome()
-    monkeypatch.setattr(block_manager, "_MARSHAL_CHECK", False)
+    monkeypatch.setattr(token_checks, "MARSHAL_CHECK", False)
     general = outcome()
     assert fast == general and all(type(t) is int for t in (fast if isinstance(fast, list) else []))
