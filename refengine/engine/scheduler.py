@@ -43,71 +43,15 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from pagedbench.refengine.engine import priority_order
+from pagedbench.refengine.engine.schedule_plan import BlockCopy, ScheduledChunk, SchedulerOutput, StopRule
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
 
 _PENDING_CHILDREN = operator.attrgetter("pending_children")
 
-
-@dataclass(frozen=True, slots=True)
-class BlockCopy:
-    """A copy-on-write copy to apply to the KV pool (every layer, K and V) before the step runs."""
-
-    src: int  # physical block id to copy from
-    dst: int  # physical block id to copy to
-
-
-class ScheduledChunk:
-    """``num_tokens`` tokens of ``seq`` computed this step, positions ``[start, start + num_tokens)``.
-
-    ``end`` (``start + num_tokens``) and ``samples`` (the chunk reaches the sequence's last token, so its
-    logits give the next token) are worked out once, when the chunk is made: a step reads them for every
-    sequence several times, and the sequence's tokens do not change until the step is over. Read-only by
-    convention (a plain slotted class: a frozen dataclass cost four times as much to build, once per
-    sequence per step).
-    """
-
-    __slots__ = ("end", "num_tokens", "samples", "seq", "start")
-
-    def __init__(self, seq: Sequence, start: int, num_tokens: int) -> None:
-        self.seq = seq
-        self.start = start  # first position computed (== seq.num_computed_tokens when scheduled)
-        self.num_tokens = num_tokens  # >= 1
-        self.end = end = start + num_tokens
-        self.samples = end == len(seq.token_ids)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ScheduledChunk):
-            return NotImplemented
-        return (self.seq, self.start, self.num_tokens) == (other.seq, other.start, other.num_tokens)
-
-    __hash__ = None  # type: ignore[assignment]  (equal by value, and mutable in principle)
-
-    def __repr__(self) -> str:
-        return f"ScheduledChunk(seq_id={self.seq.seq_id}, start={self.start}, num_tokens={self.num_tokens})"
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    chunks: tuple[ScheduledChunk, ...]  # in batch order: decodes, then prefill chunks, then admissions
-    copies: tuple[BlockCopy, ...]  # copy-on-write copies, to apply before the model runs
-    preempted_seq_ids: tuple[int, ...]  # sequences preempted while planning this step
-    num_batched_tokens: int  # sum of the chunks' num_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
-
-
-@dataclass(frozen=True, slots=True)
-class StopRule:
-    """When a sequence finishes (besides its own SamplingParams)."""
-
-    eos_token_ids: frozenset[int]  # the model's EOS ids ("eos" unless ignore_eos)
-    max_model_len: int  # a sequence may hold at most this many computed tokens
+__all__ = ["BlockCopy", "ScheduledChunk", "Scheduler", "SchedulerOutput", "StopRule"]
 
 
 class Scheduler:
