@@ -175,14 +175,9 @@ class DecodeRounds:
         Raises, changing nothing: InvalidArgumentError when a sequence's partial last block is shared (a
         copy-on-write is due), OutOfBlocksError when fewer blocks than ids are free.
         """
-        if type(token_id) is not int or not 0 <= token_id < _MAX_TOKEN:
-            token_id = _checked_token(token_id)
-        ids = seq_ids if type(seq_ids) is list else list(seq_ids)  # (only read)
-        try:
-            table = self._seqs
-            seqs = [table[s] for s in ids]
-        except (KeyError, TypeError):
-            seqs = [self._get(s) for s in ids]  # raises the error that names the problem
+        token_id = _checked_token(token_id)
+        ids = list(seq_ids)
+        seqs = self._sequences_of(ids)
         bs = self._block_size
         if self._forks:  # only a fork shares a partial block (a prefix hit is a full one, never the last)
             for sid, seq in zip(ids, seqs):  # (a sequence's later ids find the block its first one took)
@@ -204,12 +199,9 @@ class DecodeRounds:
             tokens = seq.token_ids
             n = len(tokens)
             c = -n % bs + 1
-            if c == bs:
-                tokens += fill
-            else:
-                tokens += fill[:c]
+            tokens += fill if c == bs else fill[:c]
             seq.blocks.append(block)
-            if seq.num_computed == n and seq.auto_publish:  # no prefix cache here: nothing to publish
+            if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
             live += c
         self._table_blocks += num

@@ -62,7 +62,8 @@ MARSHAL_CHECK = marshal.dumps([0, 1, 2**31 - 1], 2) == (
 
 
 def checked_token_list(token_ids: Iterable[int]) -> list[int]:
-    """The prompt as a new list of ints, validated at C speed (plain ints by min and max, others by ``array``)."""
+    """The prompt as a new list of ints, validated at C speed: through its marshal record when every id is a
+    plain int below 2**31 (:func:`small_ints`), else as int64 words, else item by item through ``array``."""
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     tokens = list(token_ids) if not isinstance(token_ids, list) else token_ids.copy()
