@@ -13,11 +13,7 @@ budget, queue and statistics.
 
 from __future__ import annotations
 
-import operator
-
 from pagedbench.refengine import BlockManager
-
-_PENDING_CHILDREN = operator.attrgetter("pending_children")
 
 
 def admit(sched, chunks: list, budget: int) -> int:
@@ -35,11 +31,9 @@ def admit(sched, chunks: list, budget: int) -> int:
     finally:
         sched.waiting = waiting
         del waiting[:cut - len(shown)]
-    if not shown and budget > 0:  # every sequence before it admitted: the loop would try it next
-        running = sched.running
-        seats = len(running) + sum(map(len, map(_PENDING_CHILDREN, running)))  # (at C speed)
-        if seats + waiting[0].seats <= sched.max_num_seqs:
-            sched.block_manager.record_refused_allocations(1)
+    # every sequence before it admitted: the loop would try it next
+    if not shown and budget > 0 and sched.running_seats() + waiting[0].seats <= sched.max_num_seqs:
+        sched.block_manager.record_refused_allocations(1)
     return budget
 
 

@@ -87,11 +87,23 @@ class Scheduler:
         # plan that fails half way is known too) and the forks update() made
         self._plan: list[ScheduledChunk] = []
         self._forks: list[tuple[Sequence, list[Sequence]]] = []
+        self._forking = False  # whether a sequence with children to fork was ever queued (see running_seats)
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        if seq.pending_children:
+            self._forking = True
         priority_order.insort(self.waiting, seq)
+
+    def running_seats(self) -> int:
+        """The seats (:attr:`Sequence.seats`) the running sequences take: each itself and the children it
+        will fork. Children to fork come only with a sequence queued here, so until one is, every running
+        sequence takes one (the sum over them, read every step a request waits, is skipped)."""
+        running = self.running
+        if not self._forking:
+            return len(running)
+        return len(running) + sum(map(len, map(_PENDING_CHILDREN, running)))  # (at C speed)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -243,9 +255,7 @@ class Scheduler:
     def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
         if not self.waiting:
             return budget
-        # running sequences and the children they will fork (Sequence.seats, summed at C speed: this runs
-        # every step a request waits)
-        seats = len(self.running) + sum(map(len, map(_PENDING_CHILDREN, self.running)))
+        seats = self.running_seats()
         waiting = self.waiting
         while waiting and budget > 0:
             rid = waiting[0].request_id
