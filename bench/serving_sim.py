@@ -188,6 +188,7 @@ class _Run:
         self.window_closed = math.isinf(w1)
         self.peak_used = 0
         self.prompt_tokens = prompt_tokens or (lambda r: [0] * r.prompt_len)
+        self.check_prompts = prompt_tokens is not None  # a caller's prompts are checked, not its own zeros
         self.params: dict[int, SamplingParams] = {}  # by output length
         self.requests: list[tuple[Request, object]] = []
         self.num_steps = self.num_measured = self.peak = self.generated = 0
@@ -210,7 +211,8 @@ class _Run:
             if params is None:  # (frozen: requests of one output length share theirs)
                 n = self.group.width if self.group is not None else 1
                 params = self.params[r.output_len] = SamplingParams(max_tokens=r.output_len, ignore_eos=True, n=n)
-            req = core.new_request(self.prompt_tokens(r), params, arrival_s=r.arrival_s)
+            req = core.new_request(self.prompt_tokens(r), params, arrival_s=r.arrival_s,
+                                   check_tokens=self.check_prompts)
             core.add(req)
             if self.beams is not None:
                 self.beams.add(req)

@@ -63,6 +63,25 @@ def test_preempted_request_goes_back_to_the_head_of_the_queue():
     ]
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_callers_prompts_are_checked_and_the_simulators_own_are_not_read_again(fast, monkeypatch):
+    from pagedbench.refengine.errors import InvalidArgumentError
+    from pagedbench.refengine.kv import token_checks
+
+    trace = (Request(0, 3, 2), Request(1, 2, 1))
+    with pytest.raises(InvalidArgumentError, match="got -1"):
+        simulate(trace, PAGED4, cfg(8), prompt_tokens=lambda r: [1] * (r.prompt_len - 1) + [-1], fast_forward=fast)
+    reads = []
+    real = token_checks.checked_token_list
+    monkeypatch.setattr(token_checks, "checked_token_list", lambda ids: reads.append(len(ids)) or real(ids))
+    monkeypatch.setattr("pagedbench.refengine.engine.core.checked_token_list", token_checks.checked_token_list)
+    monkeypatch.setattr("pagedbench.refengine.kv.block_manager.checked_token_list", token_checks.checked_token_list)
+    simulate(trace, PAGED4, cfg(8), fast_forward=fast)  # its zeros, made by the simulator
+    assert reads == []
+    simulate(trace, PAGED4, cfg(8), prompt_tokens=lambda r: [1] * r.prompt_len, fast_forward=fast)
+    assert reads == [3, 2]  # each prompt read once, where it entered
+
+
 def test_first_fit_external_fragmentation_hand_computed():
     spec = AllocatorSpec("orca", 1, "oracle", "first_fit")
     trace = (Request(0, 3, 1), Request(1, 1, 2), Request(2, 2, 1), Request(3, 4, 1))  # all at t=0

@@ -28,6 +28,8 @@ from pagedbench.refengine.engine.request import Request
 from pagedbench.refengine.engine.sampling_params import SamplingParams, derive_seed
 from pagedbench.refengine.engine.scheduler import Scheduler, SchedulerOutput
 from pagedbench.refengine.engine.sequence import Sequence
+from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.kv.token_checks import checked_token_list
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +190,18 @@ class EngineCore:
 
     def new_request(self, token_ids: list[int], params: SamplingParams, *, prompt: str | None = None,
                     error: str | None = None, cache_salt: str | None = None,
-                    arrival_s: float | None = None) -> Request:
+                    arrival_s: float | None = None, check_tokens: bool = True) -> Request:
         """A request with its sequences built (not queued: see :meth:`add`). A request with ``error``
-        gets an id and no sequences."""
+        gets an id and no sequences.
+
+        The prompt's ids are checked here, once (InvalidArgumentError naming the problem, nothing
+        changed): its sequences' allocations then need not read them again. ``check_tokens=False``: the
+        caller vouches that they are plain ints in ``[0, 2**63)`` (it checked them, as
+        :class:`~pagedbench.refengine.engine.llm.LLM` does against the vocabulary, or made them)."""
+        if check_tokens is not True and check_tokens is not False:
+            raise InvalidArgumentError(f"check_tokens must be a bool, got {check_tokens!r}")
+        if error is None and check_tokens:
+            token_ids = checked_token_list(token_ids)
         request_id = self.next_request_id
         self.next_request_id += 1
         req = Request(request_id, tuple(token_ids), prompt, params, error, cache_salt=cache_salt,
@@ -204,7 +215,7 @@ class EngineCore:
             gen = None if make is None else make(base, i)
             req.children.append(Sequence(self.next_seq_id, request_id, i, list(token_ids), len(token_ids),
                                          params, gen, cache_salt=cache_salt,
-                                         logprobs=None if params.logprobs is None else []))
+                                         logprobs=None if params.logprobs is None else [], prompt_checked=True))
             self.next_seq_id += 1
         if self.can_fork:
             req.children[0].pending_children = req.children[1:]

@@ -354,7 +354,8 @@ class LLM:
             ids, error = self._tokens(prompt)
         if error is None:
             error = self._check_request(ids, params)
-        return self.core.new_request(ids, params, prompt=text, error=error, cache_salt=salt)
+        # (the ids are plain ints in the vocabulary: _tokens and _check_request read each one)
+        return self.core.new_request(ids, params, prompt=text, error=error, cache_salt=salt, check_tokens=False)
 
     def _tokens(self, prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):

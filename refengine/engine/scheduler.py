@@ -41,6 +41,7 @@ for why this and not an exact undo.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Mapping
 
@@ -48,6 +49,7 @@ from pagedbench.refengine.engine import priority_order
 from pagedbench.refengine.engine.schedule_plan import BlockCopy, ScheduledChunk, SchedulerOutput, StopRule
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
+from pagedbench.refengine.kv.prefix_hash import MAX_TOKEN_ID
 
 _PENDING_CHILDREN = operator.attrgetter("pending_children")
 
@@ -78,6 +80,12 @@ class Scheduler:
         self.watermark_blocks = watermark_blocks
         # Orca's Pow2 and Oracle reservations size themselves by the request's output length
         self._wants_output_len = bool(getattr(block_manager, "reserves_by_output_len", False))
+        # a paged manager reads a prompt whole on each allocate unless told its ids were read already
+        # (see _allocate)
+        try:
+            self._vouches = "check_tokens" in inspect.signature(block_manager.allocate).parameters
+        except (TypeError, ValueError):  # (no signature to read: it is told nothing)
+            self._vouches = False
         self.waiting: list[Sequence] = []  # sorted by priority
         self.running: list[Sequence] = []  # sorted by priority
         self.num_preemptions = 0
@@ -312,6 +320,14 @@ class Scheduler:
             kwargs["reserve_free_blocks"] = self.watermark_blocks
         if self._wants_output_len:
             kwargs["output_len"] = seq.params.max_tokens - seq.num_output_tokens
+        if self._vouches and (seq.prompt_checked or seq.num_preemptions):
+            # Its ids were read before: its prompt where it entered the engine, or (it held blocks before:
+            # preempted, or its step rolled back) by this manager, which accepted each of its tokens then
+            # (in allocate or append_token) but perhaps the last, sampled after, which is read here. A
+            # prompt is then read once, not on each admission (with a preempted sequence's output).
+            last = seq.token_ids[-1]
+            if type(last) is int and 0 <= last < MAX_TOKEN_ID:
+                kwargs["check_tokens"] = False
         return self.block_manager.allocate(seq.seq_id, seq.token_ids, **kwargs)
 
     # --- after the step ------------------------------------------------------------------------------

@@ -54,6 +54,9 @@ class Sequence:
     pending_children: list[Sequence] = field(default_factory=list)
     # with SamplingParams.logprobs: one {token_id: logprob} per generated token (else None)
     logprobs: list[dict[int, float]] | None = None
+    # its prompt's ids were checked where it entered the engine (EngineCore.new_request): the block
+    # manager need not read them again (Scheduler._allocate)
+    prompt_checked: bool = False
 
     @property
     def priority(self) -> tuple[int, int]:

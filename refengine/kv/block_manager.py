@@ -159,7 +159,7 @@ class BlockManager(PrefixCache, DecodeRounds):
 
     # --- the contract ----------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, token_ids: Iterable[int], *, cache_salt: str | bytes | None = None,
-                 publish: bool = True, reserve_free_blocks: int = 0) -> int:
+                 publish: bool = True, reserve_free_blocks: int = 0, check_tokens: bool = True) -> int:
         """Give a new sequence blocks for its prompt; return the number of tokens served from the cache.
 
         The returned count is a multiple of ``block_size`` and at most ``len(token_ids) - 1``. With
@@ -167,9 +167,17 @@ class BlockManager(PrefixCache, DecodeRounds):
         :meth:`publish_blocks` says its KV is written. Prefix hits count: only the blocks the prompt
         must take are needed. Raises OutOfBlocksError (nothing taken) when those blocks are not free,
         or when taking them would leave fewer than ``reserve_free_blocks`` free (a watermark).
+
+        ``check_tokens=False``: the caller vouches that ``token_ids``, a non-empty list, holds plain ints in
+        ``[0, 2**63)`` (a scheduler admitting a sequence whose prompt was checked where it entered the
+        engine, or one preempted, whose tokens this manager accepted before); the list is copied, not
+        read item by item.
         """
         self._check_new_seq_id(seq_id)
-        tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
+        if check_tokens is True:
+            tokens = self._checked_prompt(token_ids, cache_salt, reserve_free_blocks)
+        else:
+            tokens = self._vouched_prompt(token_ids, cache_salt, reserve_free_blocks, check_tokens)
         bs = self._block_size
         hits, chain_hash, chain_key, num_fresh, available = self._admission(tokens, cache_salt)
         if not _fits(num_fresh, reserve_free_blocks, available):
@@ -431,14 +439,29 @@ class BlockManager(PrefixCache, DecodeRounds):
 
     def _checked_prompt(self, token_ids: Iterable[int], cache_salt: object, reserve_free_blocks: object) -> list[int]:
         """A prompt as a new list of ints, after allocate's checks of its arguments."""
+        self._check_prompt_options(cache_salt, reserve_free_blocks)
+        return checked_token_list(token_ids)
+
+    def _vouched_prompt(self, token_ids: object, cache_salt: object, reserve_free_blocks: object,
+                        check_tokens: object) -> list[int]:
+        """A prompt whose ids the caller vouches for (``check_tokens=False``) as a new list, after the checks
+        that read no id."""
+        if check_tokens is not False:
+            raise InvalidArgumentError(f"check_tokens must be a bool, got {check_tokens!r}")
+        self._check_prompt_options(cache_salt, reserve_free_blocks)
+        if type(token_ids) is not list or not token_ids:
+            raise InvalidArgumentError("with check_tokens=False, token_ids must be a non-empty list, got "
+                                       + ("an empty one" if type(token_ids) is list else type(token_ids).__name__))
+        return token_ids.copy()
+
+    @staticmethod
+    def _check_prompt_options(cache_salt: object, reserve_free_blocks: object) -> None:
         if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
             raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
-        tokens = checked_token_list(token_ids)
         try:
             prefix_hash.salt_bytes(cache_salt)
         except TypeError as e:
             raise InvalidArgumentError(str(e)) from None
-        return tokens
 
     def _admission(self, tokens: list[int], salt: object) -> tuple[list[KVBlock], bytes | None, object, int, int]:
         """A prompt's prefix hits (with the chain's hash and key after them), the fresh blocks it needs,
