@@ -17,8 +17,11 @@ _PRIORITY = operator.attrgetter("request_id", "child_index")  # Sequence.priorit
 
 def insort(queue: list, seq) -> None:
     """``bisect.insort(queue, seq, key=lambda s: s.priority)`` (``queue`` sorted by it)."""
+    if not queue or queue[-1].request_id < seq.request_id:  # a newer request than any: one int compared
+        queue.append(seq)
+        return
     key = _PRIORITY(seq)
-    if not queue or _PRIORITY(queue[-1]) <= key:
+    if _PRIORITY(queue[-1]) <= key:
         queue.append(seq)
     elif key < _PRIORITY(queue[0]):  # the oldest of all: a preempted sequence goes back to the front
         queue.insert(0, seq)
