@@ -48,7 +48,7 @@ from pagedbench.refengine.kv.block_manager_checks import (
     compute_metrics,
 )
 from pagedbench.refengine.kv.decode_rounds import DecodeRounds
-from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
+from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
 from pagedbench.refengine.kv.prefix_cache import PrefixCache
 from pagedbench.refengine.kv.token_checks import (
     MAX_TOKEN,
@@ -103,7 +103,7 @@ class BlockManager(PrefixCache, DecodeRounds):
         self._block_size = checked_positive_int("block_size", block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self._blocks = [KVBlock(i) for i in range(self._num_blocks)]
-        self._free = FreeBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
+        self._free = FifoBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
         self._cached = FreeBlockQueue()  # free blocks holding published KV, LRU first (evictable)
         self._cache: dict[bytes, KVBlock] = {}  # block hash -> published block (in use or cached)
         # block hash -> other blocks holding the same KV (two requests with one prompt computed it twice);

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from pagedbench.refengine.kv.free_block_queue import FreeBlockQueue, KVBlock
+from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
 
 
 def _queue(ids) -> tuple[FreeBlockQueue, list[KVBlock]]:
@@ -70,3 +70,54 @@ def test_extend_with_a_queued_block_appends_none():
         q.extend([fresh, blocks[1]])
     assert q.block_ids() == [0, 1, 2] and not fresh.in_free_queue and fresh.next_free is None
     q.check("q")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_list_backed_fifo_keeps_the_linked_queues_order(seed):
+    """The uncached blocks' queue (a list read from a moving head) hands out and takes back blocks in the
+    order the linked queue does, through its compaction too, with the same ref counts and marks."""
+    rng = random.Random(seed)
+    FifoBlockQueue._COMPACT = 4  # (compact often here)
+    try:
+        linked, fifo = FreeBlockQueue([KVBlock(i) for i in range(20)]), FifoBlockQueue([KVBlock(i) for i in range(20)])
+        held_l, held_f = [], []
+        for _ in range(200):
+            if held_l and rng.random() < 0.5:
+                k = rng.randrange(1, len(held_l) + 1)
+                back_l, back_f = held_l[:k], held_f[:k]
+                del held_l[:k], held_f[:k]
+                linked.extend(back_l, release=True)
+                fifo.extend(back_f, release=True)
+            else:
+                n = rng.randrange(0, len(linked) + 1)
+                got_l, got_f = linked.popleft_many(n), fifo.popleft_many(n)
+                assert [(b.block_id, b.ref_count, b.in_free_queue) for b in got_f] == \
+                       [(b.block_id, b.ref_count, b.in_free_queue) for b in got_l]
+                held_l += got_l
+                held_f += got_f
+            assert fifo.block_ids() == linked.block_ids() and len(fifo) == len(linked)
+            fifo.check("fifo")
+        if len(linked):
+            assert fifo.peekleft().block_id == linked.peekleft().block_id
+            assert fifo.popleft().block_id == linked.popleft().block_id
+    finally:
+        FifoBlockQueue._COMPACT = 1024
+
+
+def test_the_fifo_refuses_what_the_linked_queue_refuses():
+    q = FifoBlockQueue([KVBlock(i) for i in range(3)])
+    with pytest.raises(IndexError, match=r"popleft_many\(4\) from a FifoBlockQueue of 3"):
+        q.popleft_many(4)
+    (b,) = q.popleft_many(1)
+    fresh = KVBlock(7)
+    with pytest.raises(AssertionError, match="block 2 appended to a free queue twice"):
+        q.extend([fresh, list(q)[1]])
+    assert q.block_ids() == [1, 2] and not fresh.in_free_queue
+    q.check("q")
+    b.ref_count = 0
+    b.in_free_queue = True
+    q._items.append(b)  # corrupt: queued behind the count's back
+    with pytest.raises(AssertionError, match="length 2 but 3 blocks queued"):
+        q.check("q")
+    with pytest.raises(IndexError, match="empty FifoBlockQueue"):
+        FifoBlockQueue().popleft()
