@@ -47,7 +47,7 @@ from pagedbench.refengine.kv.block_manager_checks import (
     check_invariants,
     compute_metrics,
 )
-from pagedbench.refengine.kv.decode_rounds import DecodeRounds
+from pagedbench.refengine.kv.decode_rounds import DecodeRounds, settle_late_tokens
 from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
 from pagedbench.refengine.kv.prefix_cache import PrefixCache
 from pagedbench.refengine.kv.token_checks import (
@@ -64,8 +64,8 @@ __all__ = ["AllocationPreview", "BlockManager", "BlockManagerMetrics"]
 class _Sequence:
     """One sequence's state (mutable, hot)."""
 
-    __slots__ = ("auto_publish", "blocks", "chain_hash", "chain_key", "num_computed", "num_published", "salt",
-                 "token_ids")
+    __slots__ = ("auto_publish", "blocks", "chain_hash", "chain_key", "late_token", "num_computed", "num_late",
+                 "num_published", "salt", "token_ids")
 
     def __init__(self, blocks: list[KVBlock], token_ids: list[int], salt: object, num_computed: int,
                  num_published: int, chain_hash: bytes | None, chain_key: object, auto_publish: bool) -> None:
@@ -80,6 +80,16 @@ class _Sequence:
         # (allocated with publish=False): only publish_blocks marks KV written, after the step that
         # wrote it, so a step that fails never leaves a cached block without its KV.
         self.auto_publish = auto_publish
+        # tokens told in bulk (append_token_takes and append_token_runs: a simulator's decode tokens told
+        # late) and not yet written: ``num_late`` copies of ``late_token`` follow ``token_ids``. A count costs
+        # nothing per token, and most such tables are freed unread; any other read writes them first
+        # (decode_rounds.settle_late_tokens)
+        self.num_late = 0
+        self.late_token = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) + self.num_late
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +237,8 @@ class BlockManager(PrefixCache, DecodeRounds):
             seq = self._get(seq_id)  # raises the error that names the problem
         if type(token_id) is not int or not 0 <= token_id < MAX_TOKEN:
             token_id = checked_token_id(token_id)
+        if seq.num_late:
+            settle_late_tokens(seq)
         tokens = seq.token_ids
         n = len(tokens)
         bs = self._block_size
@@ -328,13 +340,13 @@ class BlockManager(PrefixCache, DecodeRounds):
 
     def free(self, seq_id: Hashable) -> None:
         """Release a sequence's blocks; published ones stay cached (tail first in the eviction order)."""
-        self._get(seq_id)
+        self._lookup_seq(seq_id)  # (its late tokens are not written: they go with it)
         seq = self._seqs.pop(seq_id)
         blocks, bs = seq.blocks, self._block_size
         self._table_blocks -= len(blocks)
         if not self._forks and not self.enable_prefix_caching:  # every block its own, none cached: all go
             self._free.extend(blocks[::-1], release=True)
-            self._live_tokens -= len(seq.token_ids)
+            self._live_tokens -= seq.num_tokens
             return
         released, cached = [], []  # tail first, each into its queue in one pass
         for b in reversed(blocks):
@@ -343,7 +355,7 @@ class BlockManager(PrefixCache, DecodeRounds):
                 (released if b.block_hash is None else cached).append(b)
         num = len(released) + len(cached)
         if num:  # a block's tokens go with its last table (the last block holds the partial rest)
-            last_tokens = bs if blocks[-1].ref_count else len(seq.token_ids) - (len(blocks) - 1) * bs
+            last_tokens = bs if blocks[-1].ref_count else seq.num_tokens - (len(blocks) - 1) * bs
             self._live_tokens -= (num - 1) * bs + last_tokens
             self._free.extend(released)
             if cached:
@@ -354,7 +366,7 @@ class BlockManager(PrefixCache, DecodeRounds):
         return [b.block_id for b in self._get(seq_id).blocks]
 
     def num_tokens(self, seq_id: Hashable) -> int:
-        return len(self._get(seq_id).token_ids)
+        return self._lookup_seq(seq_id).num_tokens
 
     def token_ids(self, seq_id: Hashable) -> list[int]:
         """Every token of the sequence (a copy)."""
@@ -419,6 +431,14 @@ class BlockManager(PrefixCache, DecodeRounds):
 
     # --- internals -------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Sequence:
+        """The sequence, its late tokens written (for a reader of its tokens or a writer of new ones)."""
+        seq = self._lookup_seq(seq_id)
+        if seq.num_late:
+            settle_late_tokens(seq)
+        return seq
+
+    def _lookup_seq(self, seq_id: Hashable) -> _Sequence:
+        """The sequence as it is (late tokens counted, not written)."""
         try:
             return self._seqs[seq_id]
         except KeyError:

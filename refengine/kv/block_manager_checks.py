@@ -57,7 +57,7 @@ def compute_metrics(bm: BlockManager) -> BlockManagerMetrics:
     bs = bm.block_size
     filled: dict[int, int] = {}  # block id -> slots holding a token (max over the tables sharing it)
     for seq in bm._seqs.values():
-        n = len(seq.token_ids)
+        n = seq.num_tokens
         for i, b in enumerate(seq.blocks):
             k = min(bs, n - i * bs)
             if k > filled.get(b.block_id, 0):
@@ -97,7 +97,7 @@ def check_invariants(bm: BlockManager) -> None:
 def _check_tables(bm: BlockManager) -> None:
     bs = bm.block_size
     for seq_id, seq in bm._seqs.items():
-        n = len(seq.token_ids)
+        n = seq.num_tokens
         if n < 1:
             _fail("tables", f"sequence {seq_id!r} holds no token")
         if len(seq.blocks) != -(-n // bs):
@@ -111,7 +111,7 @@ def _check_tables(bm: BlockManager) -> None:
         if bm.enable_prefix_caching and not 0 <= seq.num_published <= seq.num_computed // bs:
             _fail("tables", f"sequence {seq_id!r} has {seq.num_published} blocks published but only "
                             f"{seq.num_computed} tokens computed")
-        for i, b in enumerate(seq.blocks):
+        for i, b in enumerate(seq.blocks):  # (a cached block's tokens are written: none told late)
             if b.token_ids is not None and b.token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
                 _fail("cached tokens", f"block {b.block_id} of sequence {seq_id!r} caches other tokens")
 

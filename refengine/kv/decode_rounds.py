@@ -24,6 +24,13 @@ from pagedbench.refengine.kv.token_checks import checked_token_id
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 
 
+def settle_late_tokens(seq) -> None:
+    """Write a table's late tokens (``num_late`` copies of ``late_token``, told by :meth:`DecodeRounds.
+    append_token_takes` or :meth:`DecodeRounds.append_token_runs`) into its list, for any other reader."""
+    seq.token_ids += [seq.late_token] * seq.num_late
+    seq.num_late = 0
+
+
 class DecodeRounds:
     """:meth:`append_token_rounds` for :class:`~pagedbench.refengine.kv.block_manager.BlockManager`."""
 
@@ -51,6 +58,9 @@ class DecodeRounds:
         token_id = _checked_token(token_id)
         ids = list(seq_ids)
         seqs = self._sequences_of(ids)
+        for seq in seqs:
+            if seq.num_late:
+                settle_late_tokens(seq)
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
         bs, m = self._block_size, len(seqs)
@@ -122,13 +132,15 @@ class DecodeRounds:
             raise InvalidArgumentError(f"counts must be ints >= 0, got {bad!r}")
         seqs = self._sequences_of(ids)
         bs = self._block_size
-        # one pass: each pair's tokens appended (a sequence's later pairs start where its earlier ones
+        for seq in seqs:  # a table's late tokens are all one token: another one's are written first
+            if seq.num_late and seq.late_token != token_id:
+                settle_late_tokens(seq)
+        # one pass: each pair's tokens counted late (a sequence's later pairs start where its earlier ones
         # end) and its takes counted; undone if a check fails
         lengths, takes = [], []
         forked = self._forks  # only a fork shares a partial block (a prefix hit is a full one, never the last)
         for seq, c in zip(seqs, cs):
-            tokens = seq.token_ids
-            n = len(tokens)
+            n = len(seq.token_ids) + seq.num_late
             # (a sequence's later pair past its last block writes into one it takes: nothing shared)
             if forked and n % bs and seq.blocks[-1].ref_count != 1 and -(-n // bs) == len(seq.blocks):
                 self._undo_runs(seqs, lengths)
@@ -137,8 +149,8 @@ class DecodeRounds:
                                            "a copy-on-write is due, append one token at a time")
             lengths.append(n)
             takes.append((n + c - 1) // bs - (n - 1) // bs)  # blocks for tokens [n, n + c) (n >= 1)
-            if c:
-                tokens += [token_id] * c
+            seq.num_late += c
+            seq.late_token = token_id
         num_takes = sum(takes)
         if num_takes > self._free.length + self._cached.length:
             self._undo_runs(seqs, lengths)
@@ -181,7 +193,7 @@ class DecodeRounds:
         bs = self._block_size
         if self._forks:  # only a fork shares a partial block (a prefix hit is a full one, never the last)
             for sid, seq in zip(ids, seqs):  # (a sequence's later ids find the block its first one took)
-                if len(seq.token_ids) % bs and seq.blocks[-1].ref_count != 1:
+                if seq.num_tokens % bs and seq.blocks[-1].ref_count != 1:
                     raise InvalidArgumentError(f"sequence {sid!r} shares its last block {seq.blocks[-1].block_id}: "
                                                "a copy-on-write is due, append one token at a time")
         num = len(ids)
@@ -190,16 +202,19 @@ class DecodeRounds:
                                    f"{self._free.length + self._cached.length} are free")
         if self.enable_prefix_caching and any(seq.auto_publish for seq in seqs):  # blocks cached as they fill
             for sid, seq in zip(ids, seqs):
-                for _ in range(-len(seq.token_ids) % bs + 1):
+                for _ in range(-seq.num_tokens % bs + 1):
                     self.append_token(sid, token_id)
             return
         live = 0
-        fill = [token_id] * bs  # a table whose last block holds one token (the commonest) takes bs of them
         for seq, block in zip(seqs, self._take_fresh_many(num)):
-            tokens = seq.token_ids
-            n = len(tokens)
-            c = -n % bs + 1
-            tokens += fill if c == bs else fill[:c]
+            late = seq.num_late
+            if late and seq.late_token != token_id:  # a table's late tokens are all one token
+                settle_late_tokens(seq)
+                late = 0
+            n = len(seq.token_ids) + late
+            c = -n % bs + 1  # its tokens up to the one that starts its next block, told late
+            seq.num_late = late + c
+            seq.late_token = token_id
             seq.blocks.append(block)
             if seq.auto_publish and seq.num_computed == n:  # no prefix cache here: nothing to publish
                 seq.num_computed = n + c
@@ -215,10 +230,10 @@ class DecodeRounds:
 
     @staticmethod
     def _undo_runs(seqs: list, lengths: list[int]) -> None:
-        """Give the first ``len(lengths)`` pairs' sequences back the tokens they had (a sequence's first pair
-        found the fewest: its later pairs' cuts change nothing)."""
-        for seq, n in zip(seqs, lengths):
-            del seq.token_ids[n:]
+        """Give the first ``len(lengths)`` pairs' sequences back the late tokens they had (a sequence's first
+        pair found the fewest: it is undone last)."""
+        for seq, n in reversed(list(zip(seqs, lengths))):
+            seq.num_late = n - len(seq.token_ids)
 
     def _rounds_one_by_one(self, ids: list, seqs: list, token_id: int, num_rounds: int,
                            publish_full_blocks: bool) -> None:

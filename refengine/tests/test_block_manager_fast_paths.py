@@ -443,3 +443,46 @@ def test_the_marshal_check_of_a_prompt_decides_as_the_general_checks(prompt, mon
     monkeypatch.setattr(token_checks, "MARSHAL_CHECK", False)
     general = outcome()
     assert fast == general and all(type(t) is int for t in (fast if isinstance(fast, list) else []))
+
+
+_READERS = {  # each reads or changes a table whose tokens were told late, before anything writes them
+    "invariants": lambda bm, s: bm.check_invariants(),
+    "metrics": lambda bm, s: (bm.metrics(), bm.num_live_tokens),
+    "num_tokens": lambda bm, s: bm.num_tokens(s),
+    "free": lambda bm, s: (bm.free(s), bm.metrics(), bm.num_live_tokens, bm.free_block_ids()),
+    "fork": lambda bm, s: (bm.fork(s, "child"), bm.token_ids("child"), bm.append_token("child", 5), bm.token_ids(s)),
+    "slot": lambda bm, s: bm.slot(s, bm.num_tokens(s) - 1),
+    "can_append": lambda bm, s: bm.can_append(s),
+    "append_token": lambda bm, s: (bm.append_token(s, 3), bm.token_ids(s)),
+    "append_tokens": lambda bm, s: (bm.append_tokens(s, [3, 4]), bm.token_ids(s)),
+    "rounds": lambda bm, s: (bm.append_token_rounds([s], 3, 2), bm.token_ids(s)),
+    "runs of another token": lambda bm, s: (bm.append_token_runs([s, s], [2, 1], 9), bm.token_ids(s)),
+    "takes of another token": lambda bm, s: (bm.append_token_takes([s], 9), bm.token_ids(s)),
+    "publish": lambda bm, s: (bm.publish_blocks(s, bm.num_tokens(s)), bm.metrics()),
+}
+
+
+@pytest.mark.parametrize("reader", list(_READERS))
+@pytest.mark.parametrize("prefix,publish", [(False, True), (True, False)])
+@pytest.mark.parametrize("seed", range(3))
+def test_tokens_told_late_read_as_the_calls_one_by_one_leave_them(seed, prefix, publish, reader):
+    """Takes and runs keep a table's tokens as a count until something else reads the table: every reader
+    (and every later writer) sees what the one-by-one appends leave, and a refused run gives the count back."""
+    one, late, ids = _pair(seed, prefix, publish, fork=False)
+    rng = random.Random(seed)
+    order = [rng.choice(ids) for _ in range(min(12, one.num_free_blocks // 3))]
+    for s in order:
+        for _ in range(-one.num_tokens(s) % one.block_size + 1):
+            one.append_token(s, 7)
+    late.append_token_takes(order, 7)
+    pairs = [(rng.choice(ids), rng.randrange(0, one.block_size)) for _ in range(6)]
+    for s, c in pairs:
+        for _ in range(c):
+            one.append_token(s, 7)
+    late.append_token_runs([s for s, _ in pairs], [c for _, c in pairs], 7)
+    with pytest.raises(OutOfBlocksError):  # refused: the counts it added are given back
+        late.append_token_runs([ids[0], ids[1]], [1, 10**6], 7)
+    s = order[-1]
+    assert _READERS[reader](late, s) == _READERS[reader](one, s)
+    live = [i for i in ids if one.has_sequence(i)]
+    assert _state(late, live) == _state(one, live)
