@@ -45,7 +45,8 @@ class _Recorder(BlockManager):
         super().__init__(*args, **kwargs)
         self.log: list[tuple] = []
 
-    def allocate(self, seq_id, token_ids, **kw):
+    def allocate(self, seq_id, token_ids, *, check_tokens=True, **kw):  # (named: the scheduler passes it then)
+        kw = {**kw, "check_tokens": check_tokens}
         self.log.append(("allocate", seq_id, list(token_ids), kw))
         return super().allocate(seq_id, token_ids, **kw)
 
@@ -84,19 +85,24 @@ def replay(log: list[tuple], num_blocks: int, block_size: int) -> float:
     return time.perf_counter() - start
 
 
-def _timed(repeats: int, run) -> tuple[object, list[float]]:
-    """``run()``'s result and the wall seconds of each of ``repeats`` calls (each result checked equal to
-    the first: a run's speed must not change what it computes)."""
+def _timed(repeats: int, run) -> list[float]:
+    """The wall seconds of each of ``repeats`` calls of ``run()``, each started with no simulation's result
+    alive: a result holds millions of references, and one left alive slowed the next run by up to 5% here,
+    so every simulation compared is timed alike (the goal's simulator in its subprocess too). Each run's
+    tokens and steps are checked equal to the first's (a run's speed must not change what it computes);
+    the results are compared whole apart, from untimed runs."""
     walls, first = [], None
-    for i in range(repeats):
+    for _ in range(repeats):
         start = time.perf_counter()
         result = run()
         walls.append(time.perf_counter() - start)
-        if i == 0:
-            first = result
-        elif result != first:
+        shape = (result.num_generated_tokens, result.num_steps)
+        del result
+        if first is None:
+            first = shape
+        elif shape != first:
             raise AssertionError("two runs of one simulation differ")
-    return first, walls
+    return walls
 
 
 def measure(num_requests: int, rate: float, block_size: int = 16, kv_slots: int = 15_700,
@@ -108,21 +114,14 @@ def measure(num_requests: int, rate: float, block_size: int = 16, kv_slots: int 
     trace = workloads.synthetic("sharegpt", num_requests, rate=rate, seed=0)
     cfg = SimConfig(kv_slots=kv_slots, step_s=0.08, policy="mixed")
     spec = AllocatorSpec("paged", block_size)
-    result, sim_walls = _timed(repeats, lambda: simulate(trace, spec, cfg, account=False, fast_forward=False))
+    sim_walls = _timed(repeats, lambda: simulate(trace, spec, cfg, account=False, fast_forward=False))
     sim_s = min(sim_walls)
     baseline = time_commit(GOAL_BASELINE, num_requests=num_requests, rate=rate, block_size=block_size,
                            kv_slots=kv_slots, repeats=repeats) if with_baseline else None
-    if baseline is not None and "unavailable" not in baseline and (
-            baseline["generated_tokens"], baseline["num_steps"]) != (result.num_generated_tokens, result.num_steps):
-        baseline["unavailable"] = (f"its trace or schedule differs ({baseline['generated_tokens']:,} tokens in "
-                                   f"{baseline['num_steps']:,} steps against {result.num_generated_tokens:,} in "
-                                   f"{result.num_steps:,})")
     with _counting_steps() as single:  # one count per step the scheduler plans: no cost to speak of
-        fast, fast_walls = _timed(repeats, lambda: simulate(trace, spec, cfg, account=False, fast_forward=True))
+        fast_walls = _timed(repeats, lambda: simulate(trace, spec, cfg, account=False, fast_forward=True))
     fast_s = min(fast_walls)
     single[0] //= repeats
-    if fast != result:
-        raise AssertionError("the fast-forwarded simulation differs from the step-by-step one")
     recorders: list[_Recorder] = []
 
     def recording(spec: AllocatorSpec, cfg: SimConfig) -> _Recorder:
@@ -130,7 +129,15 @@ def measure(num_requests: int, rate: float, block_size: int = 16, kv_slots: int 
                                    enable_prefix_caching=cfg.enable_prefix_caching))
         return recorders[-1]
 
-    simulate(trace, spec, cfg, account=False, make_manager=recording, fast_forward=False)
+    # untimed: the step-by-step run whose block-manager calls are replayed, and the fast-forward compared with it
+    result = simulate(trace, spec, cfg, account=False, make_manager=recording, fast_forward=False)
+    if simulate(trace, spec, cfg, account=False, fast_forward=True) != result:
+        raise AssertionError("the fast-forwarded simulation differs from the step-by-step one")
+    if baseline is not None and "unavailable" not in baseline and (
+            baseline["generated_tokens"], baseline["num_steps"]) != (result.num_generated_tokens, result.num_steps):
+        baseline["unavailable"] = (f"its trace or schedule differs ({baseline['generated_tokens']:,} tokens in "
+                                   f"{baseline['num_steps']:,} steps against {result.num_generated_tokens:,} in "
+                                   f"{result.num_steps:,})")
     (bm,) = recorders
     log = bm.log
     replay_s = min(replay(log, bm.num_blocks, block_size) for _ in range(repeats))

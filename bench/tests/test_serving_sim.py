@@ -250,8 +250,9 @@ def test_sim_speed_replays_the_block_managers_calls(tmp_path, monkeypatch):
     r = sim_speed.measure(40, 4.0, kv_slots=4096)
     assert r["generated_tokens"] > 0 and r["block_manager_calls"] >= r["generated_tokens"] - 40
     assert r["simulation_wall_s"] > 0 and r["block_manager_wall_s"] > 0 and r["ratio"] > 0
-    # two runs step by step (timed, recorded) and the fast-forward's steps served one at a time
-    assert real_steps[0] == 2 * r["num_steps"] + r["num_single_steps"] and r["num_single_steps"] < r["num_steps"]
+    # two runs step by step (timed, recorded), and two fast-forwarded (timed, compared with the recorded one),
+    # each with its steps served one at a time
+    assert real_steps[0] == 2 * r["num_steps"] + 2 * r["num_single_steps"] and r["num_single_steps"] < r["num_steps"]
     text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
     assert f"{r['num_single_steps']:,} of {r['num_steps']:,} steps" in text
 
@@ -333,3 +334,26 @@ def test_sim_speed_times_the_goals_simulator_only_on_the_same_schedule(monkeypat
     assert r["fast_forward_speedup_over_baseline"] == pytest.approx(9.0 / r["fast_forward_wall_s"])
     text = sim_speed.markdown({"result": r, "environment": sim_speed.env_mod.environment()})
     assert "when the goal was set" in text and f"{r['fast_forward_speedup_over_baseline']:.2f}×" in text
+
+
+def test_sim_speed_times_each_run_with_no_earlier_result_alive():
+    """A simulation's result holds millions of references; one kept alive slows the next run, so no timed run
+    starts with an earlier one's result alive, and runs that compute differently are refused."""
+    from pagedbench.bench import sim_speed
+
+    class Result:
+        def __init__(self, tokens: int) -> None:
+            self.num_generated_tokens, self.num_steps = tokens, 1
+
+    made: list[weakref.ref] = []
+
+    def run(tokens=(5, 5, 5)):
+        assert all(r() is None for r in made), "an earlier run's result is alive"
+        result = Result(tokens[len(made)])
+        made.append(weakref.ref(result))
+        return result
+
+    assert len(sim_speed._timed(3, run)) == 3
+    made.clear()
+    with pytest.raises(AssertionError, match="two runs of one simulation differ"):
+        sim_speed._timed(3, lambda: run((5, 5, 6)))
