@@ -212,7 +212,9 @@ def _repeats_note(r: dict) -> list[str]:
         spread.append(max(base["walls_s"]) / min(base["walls_s"]) - 1)
     return ["", f"Each simulation's time is the fastest of {n} runs made one after another, the same for every "
             f"simulation compared (the machine's load only slows a run; the slowest run of one simulation here "
-            f"took up to {max(spread):.0%} longer than its fastest); the replay alone too."]
+            f"took up to {max(spread):.0%} longer than its fastest); the replay alone too. Each run starts with no "
+            f"earlier simulation's result alive (one left alive slowed the next run by up to 5%); the results are "
+            f"compared from untimed runs."]
 
 
 def _baseline_note(r: dict) -> list[str]:
