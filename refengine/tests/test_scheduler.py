@@ -78,16 +78,21 @@ def test_scheduler_frees_finished_blocks_at_once():
     assert not bm.has_sequence(0) and bm.num_used_blocks == 2 and [s.seq_id for s in sched.running] == [1]
 
 
-def test_a_parent_whose_prefill_spans_steps_keeps_its_childrens_seats():
-    _, sched = make_scheduler(32, 4, max_num_seqs=4, max_num_batched_tokens=8)
-    parent = make_seq(0, 10, n=3)
-    parent.pending_children = [make_seq(10 + i, 10, n=3, request_id=0) for i in range(2)]
+def _queue_parent_of_three_and_two_singles(sched, prompt_len: int) -> None:
+    """A parallel-sampling parent (seq 0, two children to fork: 10 and 11), then seqs 1 and 2 of 3 tokens."""
+    parent = make_seq(0, prompt_len, n=3)
+    parent.pending_children = [make_seq(10 + i, prompt_len, n=3, request_id=0) for i in range(2)]
     for i, child in enumerate(parent.pending_children):
         child.child_index = i + 1
         child.token_ids = list(parent.token_ids)
     sched.add(parent)
     sched.add(make_seq(1, 3))
     sched.add(make_seq(2, 3))
+
+
+def test_a_parent_whose_prefill_spans_steps_keeps_its_childrens_seats():
+    _, sched = make_scheduler(32, 4, max_num_seqs=4, max_num_batched_tokens=8)
+    _queue_parent_of_three_and_two_singles(sched, 10)
     out, _ = run_step(sched)
     assert plan(out) == [(0, 0, 8)]  # the budget is spent on the parent's first chunk
     out, _ = run_step(sched)
@@ -98,14 +103,7 @@ def test_a_parent_whose_prefill_spans_steps_keeps_its_childrens_seats():
 
 def test_scheduler_seats_and_forks():
     bm, sched = make_scheduler(32, 4, max_num_seqs=4)
-    parent = make_seq(0, 6, n=3)
-    parent.pending_children = [make_seq(10 + i, 6, n=3, request_id=0) for i in range(2)]
-    for i, child in enumerate(parent.pending_children):
-        child.child_index = i + 1
-        child.token_ids = list(parent.token_ids)
-    sched.add(parent)
-    sched.add(make_seq(1, 3))
-    sched.add(make_seq(2, 3))
+    _queue_parent_of_three_and_two_singles(sched, 6)
     out, _ = run_step(sched)
     # the parent takes 3 seats (itself + 2 children), seq 1 the 4th; seq 2 waits for a seat
     assert plan(out) == [(0, 0, 6), (1, 0, 3)] and [s.seq_id for s in sched.waiting] == [2]
