@@ -23,8 +23,9 @@ blocks that later fill through :meth:`append_token` included: a step that fails 
 written leaves nothing in the cache. With the default ``publish=True`` (a caller writing KV as it goes)
 a block filled by :meth:`append_token` is cached when it becomes full, if every earlier token is written.
 
-Free blocks sit in two O(1) intrusive queues (:mod:`refengine.free_block_queue`): uncached blocks,
-and *cached* blocks (published KV, no table holds them), which stay reusable by a prefix hit. A fresh
+Free blocks sit in two O(1) queues (:mod:`refengine.free_block_queue`): uncached blocks (a FIFO list,
+taken and returned in batches), and *cached* blocks (published KV, no table holds them; an intrusive list,
+so that a prefix hit takes one from the middle), which stay reusable by a prefix hit. A fresh
 block is taken from the uncached queue first (FIFO); only when it is empty is the least recently freed
 cached block evicted. A freed sequence's blocks are queued tail first, so a chain's tail is evicted
 before its head. Every failed call raises before changing anything.

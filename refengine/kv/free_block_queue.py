@@ -1,4 +1,5 @@
-"""The block object and the intrusive doubly linked list that holds the free ones.
+"""The block object, the intrusive doubly linked list that holds the free cached ones, and the FIFO list
+that holds the free uncached ones (:class:`FifoBlockQueue`, never taken from the middle).
 
 A :class:`KVBlock` carries its own list links (``prev_free`` / ``next_free``), so a block found through
 the prefix-cache map can be taken out of the middle of the free list in O(1) (vLLM v1 does the same;
