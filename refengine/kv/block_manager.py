@@ -48,7 +48,7 @@ from pagedbench.refengine.kv.block_manager_checks import (
     check_invariants,
     compute_metrics,
 )
-from pagedbench.refengine.kv.decode_rounds import DecodeRounds, settle_late_tokens
+from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
 from pagedbench.refengine.kv.prefix_cache import PrefixCache
 from pagedbench.refengine.kv.token_checks import (
@@ -84,13 +84,18 @@ class _Sequence:
         # tokens told in bulk (append_token_takes and append_token_runs: a simulator's decode tokens told
         # late) and not yet written: ``num_late`` copies of ``late_token`` follow ``token_ids``. A count costs
         # nothing per token, and most such tables are freed unread; any other read writes them first
-        # (decode_rounds.settle_late_tokens)
+        # (settle_late_tokens)
         self.num_late = 0
         self.late_token = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids) + self.num_late
+
+    def settle_late_tokens(self) -> None:
+        """Write the late tokens into the list, for a reader other than the bulk appends."""
+        self.token_ids += [self.late_token] * self.num_late
+        self.num_late = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +244,7 @@ class BlockManager(PrefixCache, DecodeRounds):
         if type(token_id) is not int or not 0 <= token_id < MAX_TOKEN:
             token_id = checked_token_id(token_id)
         if seq.num_late:
-            settle_late_tokens(seq)
+            seq.settle_late_tokens()
         tokens = seq.token_ids
         n = len(tokens)
         bs = self._block_size
@@ -435,7 +440,7 @@ class BlockManager(PrefixCache, DecodeRounds):
         """The sequence, its late tokens written (for a reader of its tokens or a writer of new ones)."""
         seq = self._lookup_seq(seq_id)
         if seq.num_late:
-            settle_late_tokens(seq)
+            seq.settle_late_tokens()
         return seq
 
     def _lookup_seq(self, seq_id: Hashable) -> _Sequence:

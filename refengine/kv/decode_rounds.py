@@ -24,13 +24,6 @@ from pagedbench.refengine.kv.token_checks import checked_token_id
 _MAX_TOKEN = prefix_hash.MAX_TOKEN_ID
 
 
-def settle_late_tokens(seq) -> None:
-    """Write a table's late tokens (``num_late`` copies of ``late_token``, told by :meth:`DecodeRounds.
-    append_token_takes` or :meth:`DecodeRounds.append_token_runs`) into its list, for any other reader."""
-    seq.token_ids += [seq.late_token] * seq.num_late
-    seq.num_late = 0
-
-
 class DecodeRounds:
     """:meth:`append_token_rounds` for :class:`~pagedbench.refengine.kv.block_manager.BlockManager`."""
 
@@ -60,7 +53,7 @@ class DecodeRounds:
         seqs = self._sequences_of(ids)
         for seq in seqs:
             if seq.num_late:
-                settle_late_tokens(seq)
+                seq.settle_late_tokens()
         if len(set(ids)) != len(ids):
             raise InvalidArgumentError("seq_ids must be distinct: a round appends once to each sequence")
         bs, m = self._block_size, len(seqs)
@@ -134,13 +127,13 @@ class DecodeRounds:
         bs = self._block_size
         for seq in seqs:  # a table's late tokens are all one token: another one's are written first
             if seq.num_late and seq.late_token != token_id:
-                settle_late_tokens(seq)
+                seq.settle_late_tokens()
         # one pass: each pair's tokens counted late (a sequence's later pairs start where its earlier ones
         # end) and its takes counted; undone if a check fails
         lengths, takes = [], []
         forked = self._forks  # only a fork shares a partial block (a prefix hit is a full one, never the last)
         for seq, c in zip(seqs, cs):
-            n = len(seq.token_ids) + seq.num_late
+            n = seq.num_tokens
             # (a sequence's later pair past its last block writes into one it takes: nothing shared)
             if forked and n % bs and seq.blocks[-1].ref_count != 1 and -(-n // bs) == len(seq.blocks):
                 self._undo_runs(seqs, lengths)
@@ -209,7 +202,7 @@ class DecodeRounds:
         for seq, block in zip(seqs, self._take_fresh_many(num)):
             late = seq.num_late
             if late and seq.late_token != token_id:  # a table's late tokens are all one token
-                settle_late_tokens(seq)
+                seq.settle_late_tokens()
                 late = 0
             n = len(seq.token_ids) + late
             c = -n % bs + 1  # its tokens up to the one that starts its next block, told late
