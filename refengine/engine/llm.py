@@ -388,12 +388,19 @@ class LLM:
         if params.n > self.max_num_seqs:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
         held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored
-        if not self.block_manager.can_allocate(held):
-            contiguous = self.allocator == "contiguous"
+        # Against the whole pool, not the blocks free now: a request that fits an idle pool waits for a
+        # busy one (the scheduler admits it once blocks are freed); only one no wait can admit is refused.
+        # A preempted sequence is re-admitted whole under the watermark, so the watermark counts too.
+        contiguous = self.allocator == "contiguous"
+        fits = (self.block_manager.can_ever_allocate(held) if contiguous else
+                self.block_manager.can_ever_allocate(held, reserve_free_blocks=self.scheduler.watermark_blocks))
+        if not fits:
             need = (f"a reservation of max_model_len={self.max_model_len} tokens" if contiguous
                     else f"{held} tokens (prompt + max_tokens - 1)")
+            watermark = self.scheduler.watermark_blocks
+            kept = f", {watermark} of them kept free by watermark_blocks" if watermark else ""
             return (f"can never fit the KV pool: {need} need more than its {self.pool.num_blocks} blocks of "
-                    f"{self.block_size} ({self.allocator} allocator)")
+                    f"{self.block_size}{kept} ({self.allocator} allocator)")
         return None
 
     def _check_no_leak(self) -> None:

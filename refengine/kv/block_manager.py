@@ -398,6 +398,16 @@ class BlockManager(PrefixCache, DecodeRounds):
             raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
         return -(-num_tokens // self._block_size) + reserve_free_blocks <= self._free.length + self._cached.length
 
+    def can_ever_allocate(self, num_tokens: int, *, reserve_free_blocks: int = 0) -> bool:
+        """Whether a sequence of ``num_tokens`` tokens fits the whole pool with every block free, leaving
+        ``reserve_free_blocks``: False means no amount of waiting makes :meth:`can_allocate` true, so a
+        caller refuses such a request at once and queues every other."""
+        if type(num_tokens) is not int or num_tokens < 0:
+            raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if type(reserve_free_blocks) is not int or reserve_free_blocks < 0:
+            raise InvalidArgumentError(f"reserve_free_blocks must be an int >= 0, got {reserve_free_blocks!r}")
+        return -(-num_tokens // self._block_size) + reserve_free_blocks <= self._num_blocks
+
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether :meth:`append_token` would succeed now (False: it needs a block and none is free)."""
         seq = self._get(seq_id)

@@ -151,6 +151,13 @@ class ContiguousBlockManager:
         r = self._reserve_tokens(_count("num_tokens", num_tokens, 1), output_len, reserve_tokens)
         return self._arena.can_allocate(math.ceil(r / self.block_size))
 
+    def can_ever_allocate(self, num_tokens: int, *, output_len: int | None = None,
+                          reserve_tokens: int | None = None) -> bool:
+        """Whether such a prompt's reservation fits the empty arena: its footprint within the largest
+        allocation the placement can ever make (the largest buddy tree; the whole arena first fit)."""
+        return self.footprint_blocks(num_tokens, output_len=output_len,
+                                     reserve_tokens=reserve_tokens) <= self._arena.max_allocation
+
     def footprint_blocks(self, num_tokens: int, *, output_len: int | None = None,
                          reserve_tokens: int | None = None) -> int:
         """Blocks the arena would take for such a prompt's reservation, the buddy's rounding included."""
