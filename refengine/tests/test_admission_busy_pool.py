@@ -179,3 +179,34 @@ def test_strict_generate_raises_only_for_never_fitting():
     llm = LLM(resolve_model("tiny"), **ENGINE)
     with pytest.raises(InvalidRequestError, match="can never fit"):
         llm.generate([HOLDER[0], prompt(250)], [params(HOLDER[1]), params(8)], strict=True)
+
+
+def test_soak_through_the_async_engine_refuses_no_fitting_request_and_leaks_nothing():
+    # requests of random sizes (up to the whole pool) added while others run, so most arrive at a full
+    # pool; every one that fits the idle pool must complete, every other be refused, no block kept
+    import random
+
+    rng = random.Random(5)
+    sizes = [(rng.randint(4, 240), rng.randint(1, 20)) for _ in range(40)]
+
+    async def run(engine):
+        async def one(i, n, m):
+            await asyncio.sleep(rng.random() * 0.05)
+            try:
+                stream = await engine.add(prompt(n, start=i), params(m))
+            except InvalidRequestError as e:
+                return "refused", str(e)
+            tokens = [t async for u in stream for d in u.deltas for t in d.token_ids]
+            return "done", tokens
+
+        return await asyncio.gather(*(one(i, n, m) for i, (n, m) in enumerate(sizes)))
+
+    with AsyncLLM(LLM(resolve_model("tiny"), **ENGINE, check_invariants=True)) as engine:
+        results = asyncio.run(run(engine))
+        assert engine.llm.block_manager.num_used_blocks == 0
+    for (n, m), (what, body) in zip(sizes, results):
+        fits = -(-(n + m - 1) // BS) <= NUM_BLOCKS
+        assert what == ("done" if fits else "refused"), (n, m, body)
+        if fits:
+            assert len(body) == m
+    assert sum(what == "done" for what, _ in results) >= 30
