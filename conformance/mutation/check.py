@@ -122,6 +122,7 @@ TARGETS = (
         ),
     ) for path, operators in (
         ("refengine/kv/block_manager.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
+        ("refengine/kv/table_growth.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
         ("refengine/kv/prefix_cache.py", ("compare_boundary", "const_off_by_one")),
         ("refengine/kv/token_checks.py", ("compare_boundary", "const_off_by_one")),
     )),

@@ -16,7 +16,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "below the three kept), and 2^-6 is a multiple of the subnormal step 2^-9, which the magic-number "
         "addition rounds to exactly"
     ),
-    ("refengine/kv/block_manager.py", "append_tokens", "compare_boundary",
+    ("refengine/kv/table_growth.py", "append_tokens", "compare_boundary",
      "if set(map(type, new)) != {int} or min(new) <= 0 or max(new) >= MAX_TOKEN: # at C speed"): (
         "a run holding token 0 then takes the slow path, which checks every token with checked_token_id (0 passes) "
         "and makes the same list of plain ints: the same tokens appended, only slower"
