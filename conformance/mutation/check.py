@@ -119,6 +119,7 @@ TARGETS = (
             f"{SUITE}/test_copy_on_write_data.py",
             f"{SUITE}/test_block_manager_stateful.py",
             "refengine/tests/test_block_manager_fast_paths.py",
+            "refengine/tests/test_can_ever_allocate.py",
         ),
     ) for path, operators in (
         ("refengine/kv/block_manager.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
