@@ -1,11 +1,20 @@
-"""The highest offered rate at which a criterion holds: bracketing, then geometric bisection.
+"""The highest offered rate at which a criterion holds: bracketing, then geometric bisection; and the
+intervals that say how well it is known.
 
 ``passes(rate)`` runs (or looks up) a point and says whether the criterion holds there: a latency
 threshold, an SLO. An overloaded point must fail every criterion (its latency is the length of a run,
 not of the system), so a capacity is always the rate of a point that was measured, met the criterion
 and was not overloaded: never a plateau, never a lower bound. The search assumes the criterion holds
-below some knee and fails above it; a criterion that fails at the first rate gives no capacity (None),
-as does one still holding at ``max_rate``.
+below some knee and fails above it. With ``resolution`` the bisection runs until the bracket's two rates
+are within that factor; with ``min_rate`` a criterion that fails at the first rate is searched downwards
+(the rate divided by ``factor``) until it holds, else it gives no capacity with the reason; one still
+holding at ``max_rate`` gives none either.
+
+Intervals: a capacity over replicates is estimated on the log scale (:func:`log_estimate`: a geometric
+mean whose interval can never reach 0); a ratio of two managers from the same replicates' arrivals is
+paired (:func:`ratio_estimate`), and a tie is called only where that interval holds 1
+(:func:`paired_verdict`). :func:`needs_more_replicates` says which estimates are not yet within the
+target half-width, for a study that adds replicates until they are.
 """
 
 from __future__ import annotations
@@ -21,30 +30,52 @@ class Capacity:
     bracket: tuple[float, float] | None  # (passing, failing) rates the bisection ended between
     reason: str  # why rate is None ("" otherwise)
 
+    @property
+    def resolution(self) -> float | None:
+        """How far above ``rate`` the knee may lie: the bracket's ratio less 1 (0.02 = within 2%)."""
+        return None if self.bracket is None else self.bracket[1] / self.bracket[0] - 1
+
 
 def find_capacity(passes: Callable[[float], bool], start: float, *, factor: float = 4.0, steps: int = 5,
-                  max_rate: float = 1e6) -> Capacity:
-    """Bracket from ``start`` by ``factor`` until a rate fails, then ``steps`` geometric bisections.
+                  max_rate: float = 1e6, resolution: float | None = None,
+                  min_rate: float | None = None) -> Capacity:
+    """Bracket from ``start`` by ``factor`` until a rate fails, then geometric bisections: ``steps`` of
+    them, or with ``resolution`` as many as bring the bracket within a factor of ``1 + resolution``.
 
-    The result lies within a factor of ``factor ** (2 ** -steps)`` below the knee.
+    Without ``resolution`` the result lies within a factor of ``factor ** (2 ** -steps)`` below the knee.
+    A criterion failing at ``start`` is searched downwards to ``min_rate`` where one is given.
     """
     if not start > 0 or not factor > 1 or steps < 0:
         raise ValueError(f"find_capacity needs start > 0, factor > 1, steps >= 0; got {start}, {factor}, {steps}")
+    if resolution is not None and not resolution > 0:
+        raise ValueError(f"resolution must be > 0, got {resolution}")
+    if min_rate is not None and not 0 < min_rate <= start:
+        raise ValueError(f"min_rate must be in (0, start={start:.3g}], got {min_rate}")
     if not passes(start):
-        return Capacity(None, None, f"fails already at the first rate {start:.3g}")
-    lo = start
-    hi = lo * factor
-    while passes(hi):
-        lo = hi
-        if lo >= max_rate:
-            return Capacity(None, None, f"still holds at {lo:.3g}, the search's limit")
+        if min_rate is None:
+            return Capacity(None, None, f"fails already at the first rate {start:.3g}")
+        hi = start
+        lo = hi / factor
+        while not passes(lo):
+            if lo <= min_rate:
+                return Capacity(None, None, f"fails at every rate down to {lo:.3g}, the search's floor")
+            hi, lo = lo, max(lo / factor, min_rate)
+    else:
+        lo = start
         hi = lo * factor
-    for _ in range(steps):
+        while passes(hi):
+            lo = hi
+            if lo >= max_rate:
+                return Capacity(None, None, f"still holds at {lo:.3g}, the search's limit")
+            hi = lo * factor
+    done = 0
+    while (hi / lo > 1 + resolution) if resolution is not None else done < steps:
         mid = math.sqrt(lo * hi)
         if passes(mid):
             lo = mid
         else:
             hi = mid
+        done += 1
     return Capacity(lo, (lo, hi), "")
 
 
@@ -106,3 +137,33 @@ def ratio_estimate(ours: list[tuple[float, float]], theirs: list[tuple[float, fl
     low = sum(a / b_hi for (a, _), (_, b_hi) in zip(ours, theirs)) / len(ours)
     high = sum(a_hi / b for (_, a_hi), (b, _) in zip(ours, theirs)) / len(ours)
     return Estimate(math.exp(e.mean), min(math.exp(e.low), low), max(math.exp(e.high), high), e.num_seeds)
+
+
+def log_estimate(values: list[float]) -> Estimate:
+    """The geometric mean of positive ``values`` (one per replicate) with the 95% interval of their
+    logarithms, mapped back: it never reaches 0 or below, and its width reads as a factor."""
+    if any(not v > 0 for v in values):
+        raise ValueError(f"log_estimate needs positive values, got {sorted(values)[:3]}")
+    e = estimate([math.log(v) for v in values])
+    return Estimate(math.exp(e.mean), math.exp(e.low), math.exp(e.high), e.num_seeds)
+
+
+def relative_half_width(e: Estimate) -> float:
+    """Half the interval's width on the log scale, as a fraction (0.05 = within about +-5%); infinite
+    for one replicate, whose interval says nothing of the noise."""
+    if e.num_seeds < 2:
+        return math.inf
+    return math.sqrt(e.high / e.low) - 1 if e.low > 0 else math.inf
+
+
+def needs_more_replicates(estimates: dict[str, Estimate], target: float = 0.05) -> list[str]:
+    """The names of ``estimates`` whose interval is wider than +-``target``, widest first."""
+    wide = [(relative_half_width(e), k) for k, e in estimates.items() if relative_half_width(e) > target]
+    return [k for _, k in sorted(wide, reverse=True)]
+
+
+def paired_verdict(ratio: Estimate) -> str:
+    """"tie" only where the paired interval of ours / theirs holds 1, else "higher" or "lower" for ours."""
+    if ratio.low <= 1 <= ratio.high:
+        return "tie"
+    return "higher" if ratio.low > 1 else "lower"
