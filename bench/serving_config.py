@@ -22,7 +22,8 @@ CONFIG = Path(__file__).resolve().parent / "configs" / "serving.yaml"
 _KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",
          "max_num_batched_tokens", "watermark", "gpu_memory_utilization", "thresholds", "low_load_requests",
          "bisection_steps", "seeds", "memory_points", "workers", "span_s", "warmup_frac", "cooldown_frac",
-         "overload_z", "slos", "sensitivity", "full"}
+         "overload_z", "slos", "sensitivity", "full", "capacity_resolution", "min_window_arrivals",
+         "target_half_width", "max_seeds", "precision_settings"}
 
 
 class ServingConfigError(ValueError):
@@ -89,6 +90,12 @@ class StudyConfig:
     overload_z: float
     slos: tuple[str, ...]
     sensitivity: Sensitivity | None
+    # precision: each search bisects until its bracket is within this factor (None: bisection_steps)
+    capacity_resolution: float | None = None
+    min_window_arrivals: int = 0  # a point's span grows until its measured window expects this many
+    target_half_width: float = 0.05  # replicates are added until every headline interval is within +-this
+    max_seeds: int = 0  # the most replicates a group gets (0: just ``seeds``)
+    precision_settings: tuple[str, ...] | None = None  # the settings replicates are added for (None: all)
 
     def max_seq_len(self, setting: Setting, dataset: Dataset | None = None) -> int:
         if dataset is not None and dataset.max_seq_len:
@@ -173,6 +180,14 @@ def _check(path: Path, cfg: StudyConfig) -> None:
         raise ServingConfigError(f"{path}: sensitivity: setting {sens.setting!r} (known: {sorted(names)}), dataset "
                                  f"{sens.dataset!r} (known: {sorted(datasets)}), policy {sens.policy!r}, terms "
                                  f"{list(sens.terms)} (known: step_overhead, attention), factors > 0")
+    if cfg.capacity_resolution is not None and not 0 < cfg.capacity_resolution < 1:
+        raise ServingConfigError(f"{path}: capacity_resolution must be in (0, 1), got {cfg.capacity_resolution}")
+    if not 0 < cfg.target_half_width < 1 or cfg.min_window_arrivals < 0 or cfg.max_seeds < 0:
+        raise ServingConfigError(f"{path}: target_half_width must be in (0, 1), min_window_arrivals and "
+                                 "max_seeds >= 0")
+    if cfg.precision_settings and set(cfg.precision_settings) - names:
+        raise ServingConfigError(f"{path}: precision_settings: unknown settings "
+                                 f"{sorted(set(cfg.precision_settings) - names)}; known: {sorted(names)}")
     if cfg.max_num_batched_tokens < 1 or cfg.overload_z <= 0:
         raise ServingConfigError(f"{path}: max_num_batched_tokens must be >= 1 and overload_z > 0")
 
@@ -209,7 +224,14 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
             slos=tuple(doc.get("slos") or ()),
             sensitivity=Sensitivity(sens["setting"], sens["dataset"], sens["policy"],
                                     tuple(float(f) for f in sens["factors"]), tuple(sens["terms"]))
-            if sens else None)
+            if sens else None,
+            capacity_resolution=(None if doc.get("capacity_resolution") is None
+                                 else float(doc["capacity_resolution"])),
+            min_window_arrivals=int(doc.get("min_window_arrivals", 0)),
+            target_half_width=float(doc.get("target_half_width", 0.05)),
+            max_seeds=int(doc.get("max_seeds", 0)),
+            precision_settings=(tuple(doc["precision_settings"]) if doc.get("precision_settings") is not None
+                                else None))
     except KeyError as e:
         raise ServingConfigError(f"{path}: missing key {e.args[0]!r}") from None
     except TypeError as e:

@@ -47,6 +47,7 @@ class Method:
     max_num_batched_tokens: int
     watermark: float
     slos: tuple[str, ...]
+    min_window_arrivals: int = 0  # the span grows until its measured window expects this many arrivals
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +145,11 @@ def _prompt_tokens(d: Dataset):
 
 
 def effective_span_s(p: Point) -> float:
-    """The point's span: the method's, or long enough for ``min_requests`` arrivals at a low rate."""
-    return max(p.method.span_s, p.method.min_requests / p.rate)
+    """The point's span: the method's, or long enough for ``min_requests`` arrivals at a low rate, and for
+    ``min_window_arrivals`` expected in the measured window (between warm-up and cool-down)."""
+    m = p.method
+    window = max(1.0 - m.warmup_frac - m.cooldown_frac, 1e-9)
+    return max(m.span_s, m.min_requests / p.rate, m.min_window_arrivals / (p.rate * window))
 
 
 def _sim_config(p: Point) -> SimConfig:

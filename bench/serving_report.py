@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pagedbench.bench.capacity_search import Estimate, estimate, ratio_estimate
+from pagedbench.bench.capacity_search import (
+    Estimate,
+    log_estimate,
+    paired_verdict,
+    ratio_estimate,
+)
 from pagedbench.bench.environment import environment_markdown
 from pagedbench.bench.serving_plots import plot, plot_names
 from pagedbench.bench.slo import parse_slo
@@ -62,22 +67,36 @@ def _by(rows, *keys):
 
 
 def _est(runs: list[dict], criterion: str) -> Estimate | None:
-    """The capacity over seeds, or None if any seed found none (overloaded at once, or no knee)."""
+    """The capacity over replicates on the log scale (never through 0), or None if any replicate found
+    none (:func:`_none_reason` says why)."""
     caps = [r["capacity"].get(criterion) for r in runs]
     if not caps or any(c is None for c in caps):
         return None
-    e = estimate(caps)
-    # each seed's knee lies below the failing end of its bracket: the interval reaches that far at least
-    failing = sum(r["capacity_bracket"][criterion][1] for r in runs) / len(runs)
+    e = log_estimate(caps)
+    # each replicate's knee lies below the failing end of its bracket: the interval reaches that far at least
+    failing = log_estimate([r["capacity_bracket"][criterion][1] for r in runs]).mean
     return Estimate(e.mean, e.low, max(e.high, failing), e.num_seeds)
 
 
-def _fmt(e: Estimate | None) -> str:
+def _none_reason(runs: list[dict], criterion: str) -> str:
+    """Why a row has no capacity: the first replicate's own reason (the search's words), with its seed."""
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        if r["capacity"].get(criterion) is None:
+            why = r.get("no_capacity_reason", {}).get(criterion, "no bracket")
+            if why.startswith("fails"):
+                low = r["low_load_normalized_latency_s"]
+                why += (" (the SLO misses even at low load)" if criterion.startswith("slo:")
+                        else f" (the low-load normalized latency is {1e3 * low:.3g} ms/token)")
+            return f"none (seed {r['seed']}: {why})"
+    return "–"
+
+
+def _fmt(e: Estimate | None, why: str = "–") -> str:
     if e is None:
-        return "none"
+        return why
     if e.num_seeds == 1:
         return f"{e.mean:.3g}"
-    return f"{e.mean:.3g} [{max(e.low, 0.0):.3g}, {e.high:.3g}]"  # a rate is never negative
+    return f"{e.mean:.3g} [{e.low:.3g}, {e.high:.3g}]"
 
 
 def _pairs(runs: list[dict], criterion: str) -> dict[int, tuple[float, float]] | None:
@@ -87,14 +106,15 @@ def _pairs(runs: list[dict], criterion: str) -> dict[int, tuple[float, float]] |
 
 
 def _ratio(ours_runs: list[dict], theirs_runs: list[dict], criterion: str) -> str:
-    """paged / this over the seeds both ran (paired); "(tie)" where its interval holds 1."""
+    """paged / this over the replicates both ran (paired, on the log scale); "(tie)" only where its
+    interval holds 1."""
     ours, theirs = _pairs(ours_runs, criterion), _pairs(theirs_runs, criterion)
     seeds = sorted(set(ours or ()) & set(theirs or ()))
     if not seeds:
-        return "–"
+        return "– (a side found no capacity)"
     e = ratio_estimate([ours[s] for s in seeds], [theirs[s] for s in seeds])
     interval = f" [{e.low:.2f}, {e.high:.2f}]"
-    return f"{e.mean:.2f}×" + interval + (" (tie)" if e.low <= 1 <= e.high else "")
+    return f"{e.mean:.2f}×" + interval + (" (tie)" if paired_verdict(e) == "tie" else "")
 
 
 def _groups(doc: dict, *, scaled: bool = False):
@@ -117,11 +137,12 @@ def capacity_table(doc: dict, settings: set[str], names: list[str]) -> str:
         if setting not in settings:
             continue
         paged = _paged(groups, key)
-        caps = [_est(runs, n) for n in names]
+        caps = [_fmt(_est(runs, n), _none_reason(runs, n)) for n in names]
         ratios = [_ratio(paged, runs, n) if runs is not paged else "" for n in names]
-        sat = estimate([r["saturation_rps"] for r in runs if r["saturation_rps"]] or [0.0])
+        sats = [r["saturation_rps"] for r in runs if r["saturation_rps"]]
+        sat = _fmt(log_estimate(sats)) if len(sats) == len(runs) else "– (no point completed a request)"
         paper = PAPER_RATIOS.get((dataset, alloc), "–") if setting.startswith("opt-13b") else ""
-        rows.append([setting, dataset, policy, alloc, *map(_fmt, caps), *ratios, _fmt(sat),
+        rows.append([setting, dataset, policy, alloc, *caps, *ratios, sat,
                      *([paper] if setting.startswith("opt-13b") else [])])
     headers = ["setting", "dataset", "policy", "KV manager", *[f"capacity {_label(n)}" for n in names],
                *[f"paged / this {_label(n)}" for n in names], "saturation (req/s)"]
@@ -178,7 +199,7 @@ def findings(doc: dict, settings: set[str], criterion: str) -> str:
         if not seeds:
             continue
         e = ratio_estimate([ours[s] for s in seeds], [theirs[s] for s in seeds])
-        if not (e.low <= 1 <= e.high and abs(e.mean - 1) <= 0.1):
+        if not (paired_verdict(e) == "tie" and abs(e.mean - 1) <= 0.1):
             continue
         at = _at(runs, criterion)
         why = "no point to read"
@@ -210,6 +231,36 @@ def paper_comparison(doc: dict, names: list[str]) -> str:
         lines.append(f"- {policy}: paged / {alloc} = {ratio:.2f}× at {_label(names[0])}, {where} the paper's "
                      f"{lo:g}–{hi:g}×.")
     return "\n".join(lines) + "\n\n" + DIFFERENCES
+
+
+def precision_table(doc: dict) -> str:
+    """Per group: replicates, the widest headline interval, the largest bracket left by a search, and
+    why a group stopped short of the target."""
+    c = doc["config"]
+    target = c.get("target_half_width", 0.05)
+    res_of: dict[str, float] = {}
+    for sr in doc["searches"]:
+        key = " | ".join((sr["setting"], sr["dataset"], sr["policy"], str(sr["cost_scale"])))
+        got = [v for v in sr.get("capacity_resolution", {}).values() if v is not None]
+        if got:
+            res_of[key] = max(res_of.get(key, 0.0), max(got))
+    rows = []
+    for key, g in sorted(doc.get("precision", {}).items()):
+        widest = g["widest_half_width"]
+        missing = "; ".join(f"{k}: {v}" for k, v in g["no_estimate"].items())
+        rows.append([key.rsplit(" | ", 1)[0], g["num_replicates"],
+                     "–" if widest is None else
+                     "∞ (one replicate)" if widest == float("inf") else f"±{100 * widest:.1f}%",
+                     "yes" if g["within_target"] else "no", f"{100 * res_of[key]:.1f}%" if key in res_of else "–",
+                     g["cap_reason"] + (f"; no estimate: {missing}" if missing else "")])
+    if not rows:
+        return "(no precision record in this run)"
+    return (f"Replicates were added per group until every headline (the paged capacity and each paged / Orca "
+            f"ratio, per criterion) had a 95% interval within ±{100 * target:g}%, or the cap; each search "
+            "bisected until its bracket was within the resolution shown (the largest over the group's searches).\n\n"
+            + tabulate(rows, headers=["setting | dataset | policy", "replicates", "widest headline interval",
+                                      f"within ±{100 * target:g}%", "search resolution", "why it stopped short"],
+                       tablefmt="github"))
 
 
 def memory_table(doc: dict) -> str:
@@ -293,14 +344,24 @@ An overloaded point fails every criterion: it is never a capacity nor a bound.
 
 Capacity = the highest offered rate whose normalized latency (mean E2E / output tokens, the paper's metric)
 stays below each threshold ({', '.join(f'{t:g}×' for t in c['thresholds'])}) times the low-load value, or at
-which each SLO holds ({slos}); bracketing by ×4 then {c['bisection_steps']} geometric bisections, per seed.
-Shown: the mean over seeds [95% Student-t interval]; "(tie)" where paged's interval overlaps the other
-manager's. *Saturation* is threshold-free: the highest achieved rate (completions per second in the window)
+which each SLO holds ({slos}); bracketing by ×4 (downwards from a first rate that fails) then geometric
+bisections, per seed, {_resolution_words(c)}. Every KV manager of a setting is served the same arrivals and
+lengths per seed (common random numbers). Shown: the geometric mean over seeds [95% Student-t interval of the
+logarithms, so never through 0]; a ratio paged / this is the mean of the per-seed ratios with their paired
+interval, and "(tie)" only where that interval holds 1.
+*Saturation* is threshold-free: the highest achieved rate (completions per second in the window)
 seen in the search, which an overloaded point reaches. TPOT excludes the first token (as vLLM and SGLang;
 GuideLLM includes it); per-point JSON uses `vllm bench serve`'s keys (`mean_ttft_ms`, `p99_tpot_ms`,
 `request_goodput`, ...). The mixed policy (chunked prefill, token budget {c['max_num_batched_tokens']}) is every
 setting's default; the separate policy (whole prompts in their own steps, budget ≥ max_seq_len) is the
 paper's system's, run on the paper's setting."""
+
+
+def _resolution_words(c: dict) -> str:
+    if c.get("capacity_resolution"):
+        return (f"until the bracket is within {100 * c['capacity_resolution']:g}%; each point's span grows until its "
+                f"measured window expects {c.get('min_window_arrivals', 0)} arrivals")
+    return f"{c['bisection_steps']} of them (a resolution of ×{4 ** (2 ** -c['bisection_steps']):.2f})"
 
 
 def trace_table(doc: dict) -> str:
@@ -342,6 +403,10 @@ Generated by `python -m pagedbench.bench --only serving_study`; do not edit.
 
 {notes}
 
+## Precision
+
+{precision_table(doc)}
+
 ## Fig. 12 on the paper's setting: capacity and the ratio of paged to each Orca variant
 
 {capacity_table(doc, paper, names)}
@@ -372,8 +437,8 @@ Where paging gains nothing:
 
 ## Sensitivity: the per-step overhead and the attention terms
 
-Seed {min(c['seeds'])}, each term scaled alone. A capacity is resolved to one bisection step
-(×{4 ** (2 ** -c['bisection_steps']):.2f}): a move of one step or none is within that resolution.
+Seed {min(c['seeds'])}, each term scaled alone; a capacity is resolved {_resolution_words(c).split(";")[0]}:
+a move within that resolution is none.
 
 {sensitivity_table(doc, names[0])}
 

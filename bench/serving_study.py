@@ -28,9 +28,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, sweep_runner, trace_spans, workloads
+from pagedbench.bench import arrivals, records, serving_precision, sweep_runner, trace_spans, workloads
 from pagedbench.bench import environment as env_mod
-from pagedbench.bench.capacity_search import find_capacity
+from pagedbench.bench.capacity_search import find_capacity, relative_half_width
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.serving_config import CONFIG, Dataset, Setting, StudyConfig, load_config
 from pagedbench.bench.serving_points import SIM_VERSION, Method, Point, cost_model, run_point
@@ -77,8 +77,15 @@ def _passes(row: dict, criterion: str, low: float) -> bool:
     return lat is not None and lat <= float(criterion) * low
 
 
-def search(base: Point, low: float, names: list[str], steps: int) -> dict:
-    """Every criterion's capacity for one (setting, dataset, policy, KV manager, seed), and its points."""
+#: how far below the low-load rate a criterion failing at the first rate is searched for (rate / 4**3)
+_DOWNWARD_FACTORS = 3
+
+
+def search(base: Point, low: float, names: list[str], steps: int, resolution: float | None = None) -> dict:
+    """Every criterion's capacity for one (setting, dataset, policy, KV manager, seed), and its points.
+
+    With ``resolution`` each bisection runs until its bracket is within that factor, and a criterion that
+    fails at the first rate is searched downwards (to the low-load rate / 64) instead of giving none."""
     evaluated: dict[float, dict] = {}
 
     def row(rate: float) -> dict:
@@ -88,7 +95,9 @@ def search(base: Point, low: float, names: list[str], steps: int) -> dict:
 
     capacity, brackets, reasons = {}, {}, {}
     for name in names:
-        c = find_capacity(lambda rate, name=name: _passes(row(rate), name, low), 4 * base.rate, steps=steps)
+        c = find_capacity(lambda rate, name=name: _passes(row(rate), name, low), 4 * base.rate, steps=steps,
+                          resolution=resolution,
+                          min_rate=None if resolution is None else base.rate / 4 ** _DOWNWARD_FACTORS)
         capacity[name] = c.rate
         brackets[name] = list(c.bracket) if c.bracket else None
         if c.reason:
@@ -102,6 +111,7 @@ def search(base: Point, low: float, names: list[str], steps: int) -> dict:
             "policy": base.policy, "seed": base.seed, "cost_scale": [list(t) for t in base.cost_scale],
             "max_seq_len": base.max_seq_len, "span_s": base.method.span_s, "low_load_normalized_latency_s": low,
             "capacity": capacity, "capacity_bracket": brackets,
+            "capacity_resolution": {k: (b[1] / b[0] - 1 if b else None) for k, b in brackets.items()},
             "no_capacity_reason": reasons,
             "saturation_rps": best["achieved_rate"] if best else None,
             "saturation_at_rate": best["rate"] if best else None,
@@ -114,7 +124,7 @@ def _search_job(args) -> dict:
 
 def _method(cfg: StudyConfig, span_s: float) -> Method:
     return Method(span_s, cfg.low_load_requests, cfg.warmup_frac, cfg.cooldown_frac, cfg.overload_z, cfg.max_num_seqs,
-                  cfg.max_num_batched_tokens, cfg.watermark, cfg.slos)
+                  cfg.max_num_batched_tokens, cfg.watermark, cfg.slos, cfg.min_window_arrivals)
 
 
 def plan(cfg: StudyConfig, slots: dict) -> tuple[list[Point], list[Point], list[Point]]:
@@ -150,6 +160,39 @@ def plan(cfg: StudyConfig, slots: dict) -> tuple[list[Point], list[Point], list[
     return lows, bases, memory
 
 
+def more_replicates(cfg: StudyConfig, lows: list[Point], bases: list[Point], results: list[dict],
+                    names: list[str]) -> tuple[list[Point], list[Point], dict]:
+    """The next round's low-load points and search bases (new seeds, for the groups whose headlines are
+    wider than ``cfg.target_half_width``), and every group's precision record as it stands."""
+    cap = max(cfg.max_seeds, len(cfg.seeds))
+    by_group = serving_precision.groups(results)
+    new_lows, new_bases, record = [], [], {}
+    for key, by_alloc in by_group.items():
+        estimates, reasons = serving_precision.headlines(by_alloc, names)
+        seeds = sorted({r["seed"] for runs in by_alloc.values() for r in runs})
+        adaptive = key[3] == "[]" and (cfg.precision_settings is None or key[0] in cfg.precision_settings)
+        want = serving_precision.replicates_wanted(estimates, len(seeds), cfg.target_half_width,
+                                                   cap if adaptive else len(seeds))
+        widest = max((relative_half_width(e) for e in estimates.values()), default=None)
+        within = widest is not None and widest <= cfg.target_half_width
+        record[" | ".join(key)] = {
+            "num_replicates": len(seeds), "widest_half_width": widest, "within_target": within,
+            "capped": not within and not want > len(seeds),
+            "cap_reason": "" if within or want > len(seeds) else (
+                f"the replicate cap ({cap}) was reached" if adaptive else
+                "replicates are added only for precision_settings in this run (make bench-full adds them for all)"),
+            "no_estimate": reasons}
+        if want > len(seeds):
+            extra = range(max(seeds) + 1, max(seeds) + 1 + want - len(seeds))
+            template_lows = [p for p in lows if _low_key(p)[:3] == key[:3] and not p.cost_scale]
+            template_bases = [b for b in bases if (b.setting.name, b.dataset.name, b.policy) == key[:3]
+                              and not b.cost_scale and b.seed == template_lows[0].seed]
+            for seed in extra:
+                new_lows.append(dataclasses.replace(template_lows[0], seed=seed))
+                new_bases += [dataclasses.replace(b, seed=seed) for b in template_bases]
+    return new_lows, new_bases, record
+
+
 def _low_key(p: Point) -> tuple:
     return p.setting.name, p.dataset.name, p.policy, p.seed, p.cost_scale
 
@@ -160,17 +203,28 @@ def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = 
     slots = {s.name: kv_slot_budget(load_model(s.model), load_hardware(s.hardware), cfg.gpu_memory_utilization)
              for s in cfg.settings}
     lows, bases, mem_jobs = plan(cfg, {k: v.num_slots for k, v in slots.items()})
+    lows_all, bases_all = list(lows), list(bases)
     names = criteria(cfg.thresholds, cfg.slos)
     run = {"workers": cfg.workers, "address": address}
-    low_rows = dict(zip(map(_low_key, lows), sweep_runner.map_points(run_point, lows, **run)))
-    jobs = [(b, low_rows[_low_key(b)]["normalized_latency_s"], names, cfg.bisection_steps) for b in bases]
-    results = []
-    for i, res in enumerate(sweep_runner.imap_points(_search_job, jobs, **run), 1):
-        results.append(res)
-        if progress:
-            caps = {k: (f"{v:.3g}" if v else "none") for k, v in res["capacity"].items()}
-            print(f"  [{i}/{len(jobs)}] {res['setting']} {res['dataset']} {res['policy']} {res['allocator']} "
-                  f"seed {res['seed']} {res['cost_scale'] or ''}: capacity {caps} req/s", flush=True)
+    low_rows: dict = {}
+    results: list[dict] = []
+    precision: dict = {}
+    round_no = 0
+    while lows:  # round 0: every base at the config's seeds; later rounds: more replicates where wanted
+        low_rows.update(zip(map(_low_key, lows), sweep_runner.map_points(run_point, lows, **run)))
+        jobs = [(b, low_rows[_low_key(b)]["normalized_latency_s"], names, cfg.bisection_steps,
+                 cfg.capacity_resolution) for b in bases]
+        for i, res in enumerate(sweep_runner.imap_points(_search_job, jobs, **run), 1):
+            results.append(res)
+            if progress:
+                caps = {k: (f"{v:.3g}" if v else "none") for k, v in res["capacity"].items()}
+                print(f"  [{round_no}: {i}/{len(jobs)}] {res['setting']} {res['dataset']} {res['policy']} "
+                      f"{res['allocator']} seed {res['seed']} {res['cost_scale'] or ''}: capacity {caps} req/s",
+                      flush=True)
+        lows, bases, precision = more_replicates(cfg, lows_all, bases_all, results, names)
+        lows_all += lows
+        bases_all += bases
+        round_no += 1
     mem_rows = sweep_runner.map_points(run_point, mem_jobs, **run)
     memory = [{"setting": p.setting.name, "dataset": p.dataset.name, "allocator": p.allocator.name,
                "policy": p.policy, **row} for p, row in zip(mem_jobs, mem_rows)]
@@ -182,7 +236,8 @@ def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = 
     return {"config": dataclasses.asdict(cfg), "sim_version": SIM_VERSION, "settings": settings, "traces": traces,
             "kv_slots": {k: {"num_slots": v.num_slots, "derivation": v.lines()} for k, v in slots.items()},
             "cost_models": {s.name: dataclasses.asdict(cost_model(s)) for s in cfg.settings},
-            "prices_usd_per_gpu_hour": prices, "criteria": names, "searches": results, "memory": memory}
+            "prices_usd_per_gpu_hour": prices, "criteria": names, "searches": results, "memory": memory,
+            "precision": precision}
 
 
 def main(argv: list[str]) -> None:

@@ -129,3 +129,36 @@ def test_a_real_trace_is_a_dataset_of_the_study(tmp_path, monkeypatch):
     assert search["dataset"] == "code" and search["points"]
     assert "| code " in (out / "serving.md").read_text() and f"{t['num_dropped']:,} dropped" in (
         out / "serving.md").read_text()
+
+
+def _precise(tmp_path, monkeypatch, **kw) -> dict:
+    monkeypatch.setenv("PAGEDBENCH_SERVING_CACHE", str(tmp_path / "cache"))
+    doc = {**TINY, "sensitivity": None, "memory_points": [], "capacity_resolution": 0.02, **kw}
+    out = tmp_path / "out"
+    serving_study.main(["--config", str(write(tmp_path, doc)), "--out", str(out), "--no-plots"])
+    return json.loads((out / "serving.json").read_text()), (out / "serving.md").read_text()
+
+
+def test_replicates_are_added_until_the_target_or_the_cap(tmp_path, monkeypatch):
+    # an unreachable target: replicates are added (at most doubling per round) up to the cap, which is named
+    doc, text = _precise(tmp_path, monkeypatch, target_half_width=1e-4, max_seeds=5)
+    (group,) = doc["precision"].values()
+    assert group["num_replicates"] == 5 and not group["within_target"] and group["capped"]
+    assert "the replicate cap (5) was reached" in group["cap_reason"] and "the replicate cap (5)" in text
+    assert sorted({s["seed"] for s in doc["searches"]}) == [0, 1, 2, 3, 4]
+    for s in doc["searches"]:  # every search resolved to 2%
+        assert all(r is None or r <= 0.02 for r in s["capacity_resolution"].values())
+    assert "[0," not in text and "| none |" not in text
+
+
+def test_a_reachable_target_stops_the_replicates_short_of_the_cap(tmp_path, monkeypatch):
+    doc, _ = _precise(tmp_path, monkeypatch, target_half_width=0.9, max_seeds=8)
+    (group,) = doc["precision"].values()
+    assert group["num_replicates"] < 8 and group["within_target"] and not group["capped"]
+    assert group["widest_half_width"] <= 0.9
+
+
+def test_replicates_are_added_only_for_the_precision_settings(tmp_path, monkeypatch):
+    doc, _ = _precise(tmp_path, monkeypatch, target_half_width=1e-4, max_seeds=5, precision_settings=[])
+    (group,) = doc["precision"].values()
+    assert group["num_replicates"] == 2 and "only for precision_settings" in group["cap_reason"]
