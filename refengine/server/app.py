@@ -5,6 +5,9 @@
 ``/v1/completions``         POST    a prompt (text or token ids); SSE with ``"stream": true``
 ``/v1/chat/completions``    POST    messages rendered with the model folder's chat template
 ``/v1/models``              GET     the served model
+``/v1/models/{id}``         GET     the served model by name (404 for any other)
+``/tokenize``               POST    a prompt or chat messages to token ids (vLLM's shapes)
+``/detokenize``             POST    token ids to text
 ``/health``                 GET     200 while the engine thread runs, else 503
 ``/metrics``                GET     Prometheus text (``server/metrics.py``)
 ==========================  ======  ==============================================================
@@ -32,6 +35,8 @@ from pagedbench.refengine.server.metrics import ServerMetrics
 from pagedbench.refengine.server.protocol import (
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     UnsupportedError,
     error_body,
     first_invalid_text,
@@ -90,10 +95,53 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
             return _error(503, f"the engine is not running: {engine.dead_reason or 'stopped'}", "server_error")
         return Response(status_code=200)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "pagedbench",
+            "max_model_len": engine.llm.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "pagedbench", "max_model_len": engine.llm.max_model_len}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        _check_model(model_id, model_name)
+        return card
+
+    def _need_tokenizer(what: str):
+        if tokenizer is None:
+            raise APIError(400, f"model {model_name!r} has no tokenizer: {what} needs a model folder with "
+                                "tokenizer.json")
+        return tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        _check_model(body.model, model_name)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "tokenize takes exactly one of 'prompt' and 'messages'", param="prompt")
+        _check_text(body, "messages" if body.prompt is None else "prompt")
+        tok = _need_tokenizer("/tokenize")
+        if body.prompt is not None:
+            ids = list(tok.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids)
+        else:
+            if model_folder is None:
+                raise APIError(400, f"model {model_name!r} has no chat template", param="messages")
+            from pagedbench.refengine.cli import CLIError, render_chat
+
+            try:
+                ids = render_chat(model_folder, tok, body.message_dicts())["prompt_token_ids"]
+            except (CLIError, UnsupportedError) as e:
+                raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+        return {"count": len(ids), "max_model_len": engine.llm.max_model_len, "tokens": ids, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        _check_model(body.model, model_name)
+        tok = _need_tokenizer("/detokenize")
+        vocab = engine.llm.config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}", param="tokens")
+        return {"prompt": tok.decode(body.tokens)}
 
     @app.get("/metrics")
     async def prometheus():

@@ -157,6 +157,27 @@ class ChatRequest(_Sampling):
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize``: a ``prompt`` or chat ``messages`` (rendered with the template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # prompts only (a chat template writes its own)
+
+    def message_dicts(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages or ()]
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[Int64]
+
+
 def finish_reason(engine_reason: str | None) -> str | None:
     """The API's finish reason: the engine's "eos" and "stop" are both "stop"."""
     return "stop" if engine_reason == "eos" else engine_reason

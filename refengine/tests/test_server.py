@@ -249,6 +249,20 @@ def test_models_lists_the_served_model(client):
     assert [(m["id"], m["object"], m["max_model_len"]) for m in data] == [("tiny", "model", 1024)]
 
 
+def test_a_model_is_retrieved_by_name(client):
+    card = client.get("/v1/models/tiny")
+    assert card.status_code == 200 and card.json() == client.get("/v1/models").json()["data"][0]
+    r = client.get("/v1/models/gpt-5")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert "the model 'gpt-5' does not exist" in r.json()["error"]["message"]
+
+
+def test_tokenize_without_a_tokenizer_is_a_400(client):
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        r = client.post(path, json=body)
+        assert r.status_code == 400 and "model 'tiny' has no tokenizer" in r.json()["error"]["message"]
+
+
 def test_metrics_move_as_requests_run(client):
     before = metrics(client)
     with client.stream("POST", "/v1/completions", json=completion([9, 8, 7], 150, stream=True)) as r:

@@ -79,3 +79,16 @@ def test_a_lone_surrogate_in_a_message_is_a_400(text_server):
                     headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("messages[0].content: not valid Unicode")
+
+
+def test_tokenize_and_detokenize(text_server):
+    client, _ = text_server
+    r = client.post("/tokenize", json={"prompt": "hello world hello"}).json()
+    assert r == {"count": 3, "max_model_len": 64, "tokens": [4, 5, 4], "token_strs": None}
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hello world"}]}).json()
+    assert chat["tokens"] == [1, 2, 4, 5, 3] and chat["count"] == 5  # BOS USER hello world ASSISTANT
+    assert client.post("/detokenize", json={"tokens": [4, 5]}).json() == {"prompt": "hello world"}
+    bad = client.post("/detokenize", json={"tokens": [4, 99]})
+    assert bad.status_code == 400 and "outside the vocabulary [0, 16): [99]" in bad.json()["error"]["message"]
+    both = client.post("/tokenize", json={"prompt": "hello", "messages": [{"role": "user", "content": "x"}]})
+    assert both.status_code == 400 and "exactly one of 'prompt' and 'messages'" in both.text
