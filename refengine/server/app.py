@@ -5,6 +5,9 @@
 ``/v1/completions``         POST    a prompt (text or token ids); SSE with ``"stream": true``
 ``/v1/chat/completions``    POST    messages rendered with the model folder's chat template
 ``/v1/models``              GET     the served model
+``/v1/models/{id}``         GET     the served model by name (404 for any other)
+``/tokenize``               POST    a prompt or chat messages to token ids (vLLM's shapes)
+``/detokenize``             POST    token ids to text
 ``/health``                 GET     200 while the engine thread runs, else 503
 ``/metrics``                GET     Prometheus text (``server/metrics.py``)
 ==========================  ======  ==============================================================
@@ -29,7 +32,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedbench.refengine.engine.async_llm import AsyncLLM, EngineDeadError
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.server.metrics import ServerMetrics
-from pagedbench.refengine.server.protocol import ChatRequest, CompletionRequest, UnsupportedError, error_body
+from pagedbench.refengine.server.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    UnsupportedError,
+    error_body,
+    first_invalid_text,
+)
 from pagedbench.refengine.server.responses import SSE_DONE, ResponseBuilder, sse_error
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -74,16 +85,63 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
     async def _api_error(request: Request, exc: APIError):
         return _error(exc.status, exc.message, exc.kind, exc.param)
 
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):  # a bug of ours: still OpenAI's shape
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
     @app.get("/health")
     async def health():
         if not engine.is_running:
             return _error(503, f"the engine is not running: {engine.dead_reason or 'stopped'}", "server_error")
         return Response(status_code=200)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "pagedbench",
+            "max_model_len": engine.llm.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "pagedbench", "max_model_len": engine.llm.max_model_len}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        _check_model(model_id, model_name)
+        return card
+
+    def _need_tokenizer(what: str):
+        if tokenizer is None:
+            raise APIError(400, f"model {model_name!r} has no tokenizer: {what} needs a model folder with "
+                                "tokenizer.json")
+        return tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        _check_model(body.model, model_name)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "tokenize takes exactly one of 'prompt' and 'messages'", param="prompt")
+        _check_text(body, "messages" if body.prompt is None else "prompt")
+        tok = _need_tokenizer("/tokenize")
+        if body.prompt is not None:
+            ids = list(tok.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids)
+        else:
+            if model_folder is None:
+                raise APIError(400, f"model {model_name!r} has no chat template", param="messages")
+            from pagedbench.refengine.cli import CLIError, render_chat
+
+            try:
+                ids = render_chat(model_folder, tok, body.message_dicts())["prompt_token_ids"]
+            except (CLIError, UnsupportedError) as e:
+                raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+        return {"count": len(ids), "max_model_len": engine.llm.max_model_len, "tokens": ids, "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        _check_model(body.model, model_name)
+        tok = _need_tokenizer("/detokenize")
+        vocab = engine.llm.config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids outside the vocabulary [0, {vocab}): {bad[:8]}", param="tokens")
+        return {"prompt": tok.decode(body.tokens)}
 
     @app.get("/metrics")
     async def prometheus():
@@ -92,11 +150,14 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body.model, model_name)
-        params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        _check_text(body, "prompt")
         try:
             prompt = body.engine_prompt()
         except UnsupportedError as e:
             raise APIError(400, str(e), param="prompt") from None
+        if "prompt" in prompt and tokenizer is not None:  # counted here: the context bound needs its length
+            prompt = {"prompt_token_ids": list(tokenizer.encode(prompt["prompt"]).ids)}
+        params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, prompt, "prompt")
         return await _serve(prompt, params, body, request, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -105,14 +166,32 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
         if tokenizer is None or model_folder is None:
             raise APIError(400, f"model {model_name!r} has no tokenizer and no chat template: chat needs a "
                                 "model folder; use /v1/completions with token-id prompts", param="messages")
-        params = _params(body, min(CHAT_DEFAULT_MAX_TOKENS, engine.llm.max_model_len))
+        _check_text(body, "messages")
         from pagedbench.refengine.cli import CLIError, render_chat
 
         try:
             prompt = render_chat(model_folder, tokenizer, body.message_dicts())
         except (CLIError, UnsupportedError) as e:
             raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+        params = _params(body, CHAT_DEFAULT_MAX_TOKENS, prompt, "messages")
         return await _serve(prompt, params, body, request, chat=True)
+
+    def _params(body, default_max_tokens: int, prompt: dict, what: str):
+        """The request's SamplingParams, bounded by the context as vLLM does: an explicit ``max_tokens``
+        that with the prompt passes ``max_model_len`` is refused; the default shrinks to what is left."""
+        max_len = engine.llm.max_model_len
+        num_prompt = len(prompt.get("prompt_token_ids", ()))
+        asked = body.max_tokens if body.max_tokens is not None else getattr(body, "max_completion_tokens", None)
+        if asked is not None and num_prompt and num_prompt + asked > max_len:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                                f"{num_prompt + asked} tokens ({num_prompt} in the {what}, {asked} in the "
+                                "completion). Please reduce the length of the prompt or completion.",
+                           param="max_tokens")
+        default = max(1, min(default_max_tokens, max_len - num_prompt))
+        try:
+            return body.sampling_params(default)
+        except (UnsupportedError, InvalidArgumentError) as e:
+            raise APIError(400, str(e)) from None
 
     async def _serve(prompt, params, body, request: Request, *, chat: bool):
         try:
@@ -181,11 +260,11 @@ def _check_model(requested: str | None, served: str) -> None:
                        "not_found_error", "model")
 
 
-def _params(body, default_max_tokens: int):
-    try:
-        return body.sampling_params(default_max_tokens)
-    except (UnsupportedError, InvalidArgumentError) as e:
-        raise APIError(400, str(e)) from None
+def _check_text(body, field: str) -> None:
+    where = first_invalid_text(body.model_dump(), "")
+    if where is not None:
+        raise APIError(400, f"{where}: not valid Unicode (a lone surrogate?): every string must encode as UTF-8",
+                       param=field)
 
 
 async def _disconnected(request: Request) -> None:

@@ -2,10 +2,11 @@
 arguments: a prompt as ``LLM.add_request`` takes it and a :class:`SamplingParams`.
 
 Bodies are pydantic models, so a malformed one (a missing field, a wrong type) is a 422 before any
-translation. Unknown fields are ignored, as vLLM does, so clients that send more (``user``,
-``logit_bias`` left at its default...) still work. Fields the engine cannot honour are refused with a
-400 naming them (:class:`UnsupportedError`) rather than silently ignored: stop *strings*, ``echo``,
-``best_of``, penalties, and ``logprobs`` in the response.
+translation; so is an integer beyond 64 bits. Unknown fields are ignored, as vLLM does, so clients
+that send more (``user``...) still work; fields the engine cannot honour (``tools``, ``tool_choice``,
+``response_format``, ``logit_bias``, ``best_of``, penalties: ``_OFF`` lists them) are refused with a
+400 naming them (:class:`UnsupportedError`) unless left at their "off" value, rather than silently
+ignored.
 
 Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0: off) and
 ``stop_token_ids``. One prompt per request: a list of prompts (the API allows a batch) is refused.
@@ -13,10 +14,43 @@ Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pydantic import BaseModel, ConfigDict, Field
+
+# JSON integers have no bound, the engine's (token ids, seeds, counts) are 64-bit: a larger one is a
+# malformed body (422) rather than an overflow deep in torch
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+# Fields of OpenAI's (or vLLM's) API this server does not honour, with the value that means "off":
+# a request setting one otherwise is refused (400) rather than silently served without it
+_OFF: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
+    "suffix": (None, ""), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structured_outputs": (None,), "repetition_penalty": (None, 1, 1.0), "use_beam_search": (None, False),
+    "prompt_logprobs": (None,), "logits_processors": (None,), "bad_words": (None, []),
+}
+
+
+def first_invalid_text(value, where: str) -> str | None:
+    """The path of the first string in ``value`` (nested lists and dicts) that is not valid Unicode (a lone
+    surrogate such as "\ud800", which JSON allows and no tokenizer can encode), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = first_invalid_text(item, (f"{where}.{key}" if where else key) if isinstance(key, str)
+                                   else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 class UnsupportedError(ValueError):
@@ -28,30 +62,31 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept to refuse the unsupported ones (see _OFF)
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Int64 | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0)  # OpenAI's default
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)
-    n: int = Field(default=1, ge=1)
-    seed: int | None = Field(default=None, ge=0)
+    top_k: Int64 = Field(default=0, ge=-1)
+    n: Int64 = Field(default=1, ge=1)
+    seed: Int64 | None = Field(default=None, ge=0)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
-    logprobs: int | bool | None = None
-    best_of: int | None = None
+    min_tokens: Int64 = Field(default=0, ge=0)
+    logprobs: Int64 | bool | None = None
+    best_of: Int64 | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's parameters; :class:`UnsupportedError` for a field it cannot honour, the engine's
         ``InvalidArgumentError`` for values out of range (``min_tokens > max_tokens``, ...)."""
-        unsupported = []
+        unsupported = [name for name, off in _OFF.items()
+                       if name in (self.model_extra or {}) and self.model_extra[name] not in off]
         if self.stop:
             unsupported.append("stop (strings; use stop_token_ids)")
         if self.logprobs not in (None, False):
@@ -74,7 +109,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[Int64] | list[str] | list[list[Int64]]
     echo: bool = False
 
     def engine_prompt(self):
@@ -111,7 +146,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int64 | None = Field(default=None, ge=1)
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
@@ -120,6 +155,27 @@ class ChatRequest(_Sampling):
 
     def message_dicts(self) -> list[dict]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize``: a ``prompt`` or chat ``messages`` (rendered with the template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True  # prompts only (a chat template writes its own)
+
+    def message_dicts(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages or ()]
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[Int64]
 
 
 def finish_reason(engine_reason: str | None) -> str | None:

@@ -203,13 +203,32 @@ BAD = {
     "chat-without-template": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400,
                               "model 'tiny' has no tokenizer and no chat template"),
     "unknown-path": ("/v1/embeddings", {"input": "x"}, 404, "POST /v1/embeddings: Not Found"),
+    "past-the-context": ("/v1/completions", {"prompt": [1] * 1000, "max_tokens": 30}, 400,
+                         "maximum context length is 1024 tokens. However, you requested 1030 tokens "
+                         "(1000 in the prompt, 30 in the completion)"),
+    "max-tokens-beyond-64-bits": ("/v1/completions", {"prompt": [1], "max_tokens": 2**70}, 422, "max_tokens"),
+    "token-beyond-64-bits": ("/v1/completions", {"prompt": [1, 2**64]}, 422, "prompt"),
+    "seed-beyond-64-bits": ("/v1/completions", {"prompt": [1], "seed": 2**64}, 422, "seed"),
+    "tools": ("/v1/completions", {"prompt": [1], "tools": [{"type": "function", "function": {"name": "f"}}]},
+              400, "unsupported by this server: tools"),
+    "tool-choice": ("/v1/completions", {"prompt": [1], "tool_choice": "auto"}, 400,
+                    "unsupported by this server: tool_choice"),
+    "response-format": ("/v1/completions", {"prompt": [1], "response_format": {"type": "json_object"}}, 400,
+                        "unsupported by this server: response_format"),
+    "logit-bias": ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 100}}, 400,
+                   "unsupported by this server: logit_bias"),
+    # JSON allows the escape; no tokenizer can encode it (bytes: httpx will not send it as a str)
+    "lone-surrogate": ("/v1/completions", b'{"prompt": "\\ud800"}', 400, "prompt: not valid Unicode"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(client, case):
     path, body, status, message = BAD[case]
-    r = client.post(path, json=body)
+    if isinstance(body, bytes):
+        r = client.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post(path, json=body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert message in error["message"] and error["code"] == status and error["type"]
@@ -218,9 +237,30 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(client, case):
     assert ok.status_code == 200 and len(ok.json()["choices"][0]["token_ids"]) == 2
 
 
+def test_fields_left_off_are_served(client):
+    # the "off" value of an unsupported field is no reason to refuse a request (clients send defaults)
+    r = client.post("/v1/completions", json=completion([1, 2], 2, tools=[], tool_choice="none", logit_bias={},
+                                                       response_format={"type": "text"}, user="me"))
+    assert r.status_code == 200, r.text
+
+
 def test_models_lists_the_served_model(client):
     data = client.get("/v1/models").json()["data"]
     assert [(m["id"], m["object"], m["max_model_len"]) for m in data] == [("tiny", "model", 1024)]
+
+
+def test_a_model_is_retrieved_by_name(client):
+    card = client.get("/v1/models/tiny")
+    assert card.status_code == 200 and card.json() == client.get("/v1/models").json()["data"][0]
+    r = client.get("/v1/models/gpt-5")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert "the model 'gpt-5' does not exist" in r.json()["error"]["message"]
+
+
+def test_tokenize_without_a_tokenizer_is_a_400(client):
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        r = client.post(path, json=body)
+        assert r.status_code == 400 and "model 'tiny' has no tokenizer" in r.json()["error"]["message"]
 
 
 def test_metrics_move_as_requests_run(client):

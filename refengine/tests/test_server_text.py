@@ -62,3 +62,33 @@ def test_chat_refuses_non_text_content(text_server):
     r = client.post("/v1/chat/completions", json={"messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert r.status_code == 400 and "only text parts are served" in r.json()["error"]["message"]
+
+
+def test_the_default_max_tokens_shrinks_to_the_context(text_server):
+    client, _ = text_server  # max_model_len 64: a 62-token prompt leaves 2 of the default 16
+    r = client.post("/v1/completions", json={"prompt": "hello " * 62, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["token_ids"]) == 2
+    r = client.post("/v1/completions", json={"prompt": "hello " * 62, "max_tokens": 3})
+    assert r.status_code == 400 and "you requested 65 tokens (62 in the prompt, 3 in the completion)" in r.text
+
+
+def test_a_lone_surrogate_in_a_message_is_a_400(text_server):
+    client, _ = text_server
+    r = client.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "a\\ud800"}]}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("messages[0].content: not valid Unicode")
+
+
+def test_tokenize_and_detokenize(text_server):
+    client, _ = text_server
+    r = client.post("/tokenize", json={"prompt": "hello world hello"}).json()
+    assert r == {"count": 3, "max_model_len": 64, "tokens": [4, 5, 4], "token_strs": None}
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "hello world"}]}).json()
+    assert chat["tokens"] == [1, 2, 4, 5, 3] and chat["count"] == 5  # BOS USER hello world ASSISTANT
+    assert client.post("/detokenize", json={"tokens": [4, 5]}).json() == {"prompt": "hello world"}
+    bad = client.post("/detokenize", json={"tokens": [4, 99]})
+    assert bad.status_code == 400 and "outside the vocabulary [0, 16): [99]" in bad.json()["error"]["message"]
+    both = client.post("/tokenize", json={"prompt": "hello", "messages": [{"role": "user", "content": "x"}]})
+    assert both.status_code == 400 and "exactly one of 'prompt' and 'messages'" in both.text
