@@ -22,7 +22,7 @@ class BatchedTorchImplementation(Implementation):
     # Each sequence's keys are padded to the longest in its group, and SDPA's blocked reductions follow
     # the padded shape, so a sequence's rows may differ in the last bits alone and in a batch (seen in
     # prefill, fp16 and fp32); they are still judged against the oracle within the dtype's bounds.
-    capabilities = Capabilities(batch_invariant=False)
+    capabilities = Capabilities(batch_invariant=False, fp8_kv_cache=True)
 
     def paged_decode(self, *args, **kwargs):
         from pagedbench.refengine.model.batched_attention import paged_decode

@@ -140,7 +140,7 @@ TARGETS = (
     Target(
         "refengine/model/sampling.py",
         ("compare_boundary", "const_off_by_one", "sampler_arith"),
-        ("refengine/tests/test_sampler.py",),
+        ("refengine/tests/test_sampler.py", "refengine/tests/test_penalties.py"),
     ),
 )
 #: pytest options for every run: the suite checks our implementation only

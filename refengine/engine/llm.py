@@ -69,7 +69,7 @@ def _positive(name: str, value: object) -> int:
 #: kv_cache_dtype names -> the cache's torch dtype ("auto": the model's)
 KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
 #: attention backends that read and write fp8 caches (their launchers quantize and dequantize)
-FP8_BACKENDS = ("triton", "torch")
+FP8_BACKENDS = ("triton", "torch", "torch-batched")
 
 
 class LLM:
@@ -99,8 +99,8 @@ class LLM:
     for running sequences' growth; paged allocator only), with ``max_num_seqs`` and
     ``max_num_batched_tokens`` (see ``engine/scheduler.py``).
     ``kv_cache_dtype``: "auto" (the model's dtype) or "fp8_e4m3": K and V stored as float8_e4m3fn with
-    per-tensor scales of 1.0 (vLLM's default without calibration), half the bytes of fp16 per token; it
-    needs the "triton" or "torch" attention backend.
+    per-tensor scales of 1.0 (vLLM's default without calibration), half the bytes of fp16 per token, on
+    every built-in attention backend.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,

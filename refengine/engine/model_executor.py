@@ -66,7 +66,8 @@ class ModelExecutor:
             seqs = [(row, s) for row, parent in enumerate(samplers) for s in (parent, *parent.pending_children)]
             logits = logits[torch.tensor([row for row, _ in seqs], device=logits.device)]
             samplers = [s for _, s in seqs]
-        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers])
+        # the sequences are their own token histories (read only for penalties); logits stay raw for logprobs
+        tokens = sample_batch(logits, [s.params for s in samplers], [s.generator for s in samplers], samplers)
         sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
         wanted = [s.params.logprobs for s in samplers]
         if wanted.count(None) == len(wanted):

@@ -19,6 +19,11 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_number(x: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to sample one request (vLLM's offline-API names and meanings).
@@ -42,9 +47,16 @@ class SamplingParams:
     # per generated token, the log-probabilities of the sampled token and of the k most likely ones
     # (the model's raw distribution, before temperature/top-k/top-p, as vLLM v1); None: none returned
     logprobs: int | None = None
+    # vLLM's penalties on the logits before temperature/top-k/top-p (``refengine.model.penalties``):
+    # presence and frequency count the generated tokens only, repetition the prompt's too
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from every generated token's logit
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence of a generated token
+    repetition_penalty: float = 1.0  # > 0: a seen token's logit > 0 divided by it, <= 0 multiplied
     # temperature == 0: argmax, no draw. Derived, not an argument; an attribute rather than a property
     # because the sampler reads it for every sequence of every step
     greedy: bool = field(init=False, repr=False, compare=False)
+    # some penalty differs from its no-op default: only then does the sampler look at token histories
+    penalized: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -77,7 +89,16 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise InvalidArgumentError(
                 f"logprobs must be None or an int >= 0 (the number of top tokens), got {self.logprobs!r}")
+        for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0)):
+            value = getattr(self, name)
+            if not _is_number(value) or not low <= value <= high:
+                raise InvalidArgumentError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise InvalidArgumentError(f"repetition_penalty must be a finite number > 0, got "
+                                       f"{self.repetition_penalty!r}")
         object.__setattr__(self, "greedy", self.temperature == 0)
+        object.__setattr__(self, "penalized", self.presence_penalty != 0 or self.frequency_penalty != 0
+                           or self.repetition_penalty != 1)
 
 
 def derive_seed(engine_seed: int, request_id: int) -> int:

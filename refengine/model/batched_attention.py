@@ -23,6 +23,10 @@ padding key re-reads its sequence's last key, which the mask then excludes, so a
 cannot reach a result; sequences with no key at all read slot 0 and are zeroed), and a query with no key
 to attend gets output 0 and LSE ``-inf``, never NaN.
 
+fp8 caches (``torch.float8_e4m3fn``) as every backend: :func:`store_kv` writes ``k / k_scale`` computed in
+float32, saturated at +-448 and rounded to nearest (the Triton ``write_kv``'s rule), and the gather reads
+``stored * scale`` (None: 1.0).
+
 ``paged_decode``, ``paged_prefill`` and ``write_kv`` wrap the same code with the ``kernels`` launcher
 contract (validation included), so the conformance gate checks exactly what the engine runs.
 """
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from pagedbench.kernels.validation import (
+    FP8_DTYPES,
+    FP8_MAX,
     REFERENCE_DTYPES,
     KernelInputError,
     check_paged_decode,
@@ -188,8 +194,9 @@ def _slot_view(cache: torch.Tensor) -> torch.Tensor | None:
     return cache.flatten(0, 1)  # a view: blocks and offsets merge into one stride
 
 
-def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype) -> torch.Tensor:
-    """[S, L, Hkv, D] in ``dtype``; a sequence with no key reads zeros (slot 0 may hold anything)."""
+def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """[S, L, Hkv, D] in ``dtype``; a sequence with no key reads zeros (slot 0 may hold anything). An fp8
+    cache's values are multiplied by ``scale`` (None: 1.0) once converted."""
     slots = _slot_view(cache)
     if slots is not None:  # index_select over slots: ~5x faster than indexing by (block, offset) on a CPU
         x = slots.index_select(0, g.key_slots).view(g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
@@ -197,13 +204,16 @@ def _gather(cache: torch.Tensor, g: PaddedGroup, dtype: torch.dtype) -> torch.Te
         block_size = cache.shape[1]
         x = cache[g.key_slots // block_size, g.key_slots % block_size].view(
             g.num_seqs, g.max_seq_len, *cache.shape[2:]).to(dtype)
+    if cache.dtype in FP8_DTYPES and scale is not None:
+        x = x * scale
     if g.empty_seqs is not None:
         x[g.empty_seqs] = 0.0
     return x
 
 
 def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: PaddedGroup,
-                  scale: float, want_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  scale: float, want_lse: bool, kv_scales: tuple[float | None, float | None] = (None, None),
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Outputs [Tg, Hq, D] (compute dtype) and, with ``want_lse``, LSE [Tg, Hq] of the group's rows."""
     ct = _compute_dtype(q.dtype)
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -222,8 +232,8 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         qg = qg.reshape(s, num_kv_heads, group_size * mq, head_dim)
         mask = g.mask if group_size == 1 else g.mask.expand(s, group_size, mq, ln).reshape(
             s, 1, group_size * mq, ln)
-    k = _gather(k_cache, g, ct).transpose(1, 2)  # [S, Hkv, L, D]
-    v = _gather(v_cache, g, ct).transpose(1, 2)
+    k = _gather(k_cache, g, ct, kv_scales[0]).transpose(1, 2)  # [S, Hkv, L, D]
+    v = _gather(v_cache, g, ct, kv_scales[1]).transpose(1, 2)
     lse = None
     if want_lse:  # SDPA returns no LSE: the same masked softmax written out
         scores = (qg @ k.transpose(-1, -2)) * scale
@@ -252,12 +262,15 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: PaddedLayout,
-           scale: float, *, out: torch.Tensor | None = None, return_lse: bool = False):
+           scale: float, *, out: torch.Tensor | None = None, return_lse: bool = False,
+           k_scale: float | None = None, v_scale: float | None = None):
     """Attention of the step's queries q [T, Hq, D] over the paged caches [num_blocks, block_size, Hkv,
-    D] (K/V already written). Returns out like q (``out`` itself when given; rows owned by no group are
-    left as they were) and, with ``return_lse``, LSE [T, Hq] (float32; float64 for float64 inputs)."""
+    D] (K/V already written; fp8 caches read as ``stored * k_scale``, ``* v_scale``). Returns out like q
+    (``out`` itself when given; rows owned by no group are left as they were) and, with ``return_lse``,
+    LSE [T, Hq] (float32; float64 for float64 inputs)."""
+    kv_scales = (k_scale, v_scale)
     if out is None and not return_lse and len(layout.groups) == 1 and layout.groups[0].all_rows_in_order:
-        o, _ = _attend_group(q, k_cache, v_cache, layout.groups[0], scale, False)
+        o, _ = _attend_group(q, k_cache, v_cache, layout.groups[0], scale, False, kv_scales)
         return o.to(q.dtype)  # a decode-only step: the group's output is every row, in order
     if out is None:
         out = torch.empty_like(q)
@@ -265,16 +278,32 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout
     if return_lse:
         lse = torch.full(q.shape[:2], -math.inf, dtype=_compute_dtype(q.dtype), device=q.device)
     for g in layout.groups:
-        o, group_lse = _attend_group(q, k_cache, v_cache, g, scale, return_lse)
+        o, group_lse = _attend_group(q, k_cache, v_cache, g, scale, return_lse, kv_scales)
         out[g.token_rows] = o.to(q.dtype)
         if lse is not None:
             lse[g.token_rows] = group_lse.to(lse.dtype)
     return (out, lse) if return_lse else out
 
 
+def quantize_fp8(x: torch.Tensor, scale: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` in float32, saturated at +-FP8_MAX, rounded to the nearest value of fp8 ``dtype``
+    (torch's conversion rounds to nearest even; the clamp because not every torch release saturates there:
+    some give NaN past the range)."""
+    x = x.to(torch.float32)
+    if scale is not None:
+        x = x / float(scale)
+    return x.clamp(-FP8_MAX, FP8_MAX).to(dtype)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, block_size: int) -> None:
-    """k_cache[slot // block_size, slot % block_size] = k (same for v); every slot must be >= 0."""
+             slot_mapping: torch.Tensor, block_size: int, *, k_scale: float | None = None,
+             v_scale: float | None = None) -> None:
+    """k_cache[slot // block_size, slot % block_size] = k (same for v); every slot must be >= 0. fp8 caches
+    receive :func:`quantize_fp8` of k and v, written as bytes (the CPU has no fp8 index_copy_)."""
+    if k_cache.dtype in FP8_DTYPES:
+        k = quantize_fp8(k, k_scale, k_cache.dtype).view(torch.uint8)
+        v = quantize_fp8(v, v_scale, v_cache.dtype).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     slots = slot_mapping.to(torch.int64)
     k_slots, v_slots = _slot_view(k_cache), _slot_view(v_cache)
     if k_slots is not None and v_slots is not None:  # one index_copy_ per cache, no (block, offset) split
@@ -292,33 +321,38 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
-                 num_splits=None, out=None, return_lse=False, validate=None):
+                 num_splits=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
     """``kernels.paged_decode``'s contract (``num_splits`` is checked and ignored). Reads the block
     tables and lengths back to the host to build the layout (free on the CPU, a sync on a GPU)."""
     shape = check_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale,
                                sliding_window=sliding_window, num_splits=num_splits, out=out,
-                               validate=validate, dtypes=REFERENCE_DTYPES)
+                               validate=validate, dtypes=REFERENCE_DTYPES, fp8=True, k_scale=k_scale,
+                               v_scale=v_scale)
     layout = build_padded_layout(_host(block_tables), _host(seq_lens), np.ones(shape.num_seqs, np.int64),
                                  shape.block_size, sliding_window=sliding_window, device=q.device)
     scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else float(scale)
-    return attend(q, k_cache, v_cache, layout, scale, out=out, return_lse=return_lse)
+    return attend(q, k_cache, v_cache, layout, scale, out=out, return_lse=return_lse, k_scale=k_scale,
+                  v_scale=v_scale)
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                  sliding_window=None, out=None, return_lse=False, validate=None):
+                  sliding_window=None, out=None, return_lse=False, validate=None, k_scale=None, v_scale=None):
     """``kernels.paged_prefill``'s contract: rows owned by no sequence are left as they were in ``out``."""
     shape = check_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale=scale,
                                 sliding_window=sliding_window, out=out, validate=validate,
-                                dtypes=REFERENCE_DTYPES)
+                                dtypes=REFERENCE_DTYPES, fp8=True, k_scale=k_scale, v_scale=v_scale)
     cu = _host(cu_seqlens_q)
     layout = build_padded_layout(_host(block_tables), _host(seq_lens), np.diff(cu), shape.block_size,
                                  query_starts=cu[:-1], sliding_window=sliding_window, device=q.device)
     scale = 1.0 / math.sqrt(shape.head_dim) if scale is None else float(scale)
-    return attend(q, k_cache, v_cache, layout, scale, out=out, return_lse=return_lse)
+    return attend(q, k_cache, v_cache, layout, scale, out=out, return_lse=return_lse, k_scale=k_scale,
+                  v_scale=v_scale)
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping):
-    """``kernels.write_kv``'s contract: slot -1 skips the token."""
-    check_write_kv(k, v, k_cache, v_cache, slot_mapping, dtypes=REFERENCE_DTYPES)
+def write_kv(k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None):
+    """``kernels.write_kv``'s contract: slot -1 skips the token; fp8 caches quantized (:func:`store_kv`)."""
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping, dtypes=REFERENCE_DTYPES, fp8=True, k_scale=k_scale,
+                   v_scale=v_scale)
     keep = slot_mapping >= 0
-    store_kv(k[keep], v[keep], k_cache, v_cache, slot_mapping[keep], k_cache.shape[1])
+    store_kv(k[keep], v[keep], k_cache, v_cache, slot_mapping[keep], k_cache.shape[1], k_scale=k_scale,
+             v_scale=v_scale)

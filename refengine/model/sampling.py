@@ -8,6 +8,11 @@ generator seeded ``s + i``. Running child ``i`` alone as ``SamplingParams(seed=s
 reproduces it token for token. A request with ``seed=None`` gets ``s`` from :func:`derive_seed` (the
 engine's seed and the request's id), so a fresh ``LLM(seed=...)`` given the same calls reproduces it.
 
+Penalties (``SamplingParams`` presence/frequency/repetition, vLLM's) come first, greedy or not: the
+rows of penalised sequences are replaced by their penalised logits (``refengine.model.penalties``), read
+from each sequence's own prompt and generated tokens, before anything below. A step none of whose
+sequences has a penalty skips this entirely.
+
 The sampler (temperature > 0), on one row of float32 logits ``[vocab_size]``:
 
 1. scale by ``1 / temperature`` (in float64);
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from pagedbench.refengine.engine.sampling_params import SamplingParams, derive_seed
 from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.penalties import TokenHistory, apply_penalties
 
 __all__ = ["SamplingParams", "child_generator", "derive_seed", "greedy_tokens", "kept_distribution",
            "rewind_generator", "sample_batch", "sample_token"]
@@ -62,9 +68,12 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
 
 
 def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
-                 generators: Sequence[torch.Generator | None]) -> list[int]:
+                 generators: Sequence[torch.Generator | None],
+                 histories: Sequence[TokenHistory] | None = None) -> list[int]:
     """One token id per row of ``logits`` float ``[R, vocab_size]`` (any device), row ``r`` sampled with
     ``params[r]`` and its own ``generators[r]`` (exactly one draw per sampled row, none for a greedy one).
+    ``histories[r]``: row ``r``'s sequence (its prompt and generated tokens), read only when some row has
+    a penalty (then required). ``logits`` itself is never modified.
 
     The greedy rows share one ``argmax``; the sampled rows one pass of the module docstring's procedure
     (:func:`kept_distribution`, then the draws), so a row's token depends only on its own logits,
@@ -74,6 +83,12 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams],
         raise InvalidArgumentError(
             f"logits must be [R, vocab_size] with one params and one generator per row; got shape "
             f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+    if any(p.penalized for p in params):
+        if histories is None or len(histories) != len(params):
+            raise InvalidArgumentError(
+                f"penalties need one token history per row; got {None if histories is None else len(histories)} "
+                f"for {len(params)} rows")
+        logits = apply_penalties(logits, params, histories)
     if all(p.greedy for p in params):  # the commonest step: one argmax
         return greedy_tokens(logits)
     is_greedy = [p.greedy for p in params]
