@@ -4,12 +4,13 @@ arguments: a prompt as ``LLM.add_request`` takes it and a :class:`SamplingParams
 Bodies are pydantic models, so a malformed one (a missing field, a wrong type) is a 422 before any
 translation; so is an integer beyond 64 bits. Unknown fields are ignored, as vLLM does, so clients
 that send more (``user``...) still work; fields the engine cannot honour (``tools``, ``tool_choice``,
-``response_format``, ``logit_bias``, ``best_of``, penalties: ``_OFF`` lists them) are refused with a
+``response_format``, ``logit_bias``, ``best_of``: ``_OFF`` lists them) are refused with a
 400 naming them (:class:`UnsupportedError`) unless left at their "off" value, rather than silently
 ignored.
 
-Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0: off) and
-``stop_token_ids``. One prompt per request: a list of prompts (the API allows a batch) is refused.
+Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0: off),
+``stop_token_ids`` and ``repetition_penalty`` (beside OpenAI's ``presence_penalty`` and ``frequency_penalty``;
+the engine's sampler applies all three as vLLM does). One prompt per request: a list of prompts (the API allows a batch) is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
     "suffix": (None, ""), "prediction": (None,), "audio": (None,), "modalities": (None, ["text"]),
     "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "structured_outputs": (None,), "repetition_penalty": (None, 1, 1.0), "use_beam_search": (None, False),
+    "structured_outputs": (None,), "use_beam_search": (None, False),
     "prompt_logprobs": (None,), "logits_processors": (None,), "bad_words": (None, []),
 }
 
@@ -81,6 +82,7 @@ class _Sampling(BaseModel):
     best_of: Int64 | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's parameters; :class:`UnsupportedError` for a field it cannot honour, the engine's
@@ -93,15 +95,14 @@ class _Sampling(BaseModel):
             unsupported.append("logprobs")
         if self.best_of not in (None, 1):
             unsupported.append("best_of")
-        if self.presence_penalty or self.frequency_penalty:
-            unsupported.append("presence_penalty/frequency_penalty")
         if unsupported:
             raise UnsupportedError(f"unsupported by this server: {', '.join(unsupported)}")
         return SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), n=self.n, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens)
+            min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty)
 
     @property
     def include_usage(self) -> bool:

@@ -309,3 +309,16 @@ def test_a_stopped_engine_answers_503():
         running.stop()
     assert health.status_code == 503 and "the engine is not running" in health.json()["error"]["message"]
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+
+
+def test_penalties_reach_the_sampler(client):
+    prompt = [5, 6, 7, 5, 6, 7]
+    params = dict(repetition_penalty=10.0, presence_penalty=2.0, frequency_penalty=2.0)
+    got = client.post("/v1/completions", json=completion(prompt, 48, **params))
+    assert got.status_code == 200, got.text
+    llm = LLM(resolve_model("tiny"), **ENGINE)
+    want = llm.generate([prompt], SamplingParams(max_tokens=48, ignore_eos=True, **params))[0].outputs[0].token_ids
+    plain = client.post("/v1/completions", json=completion(prompt, 48)).json()["choices"][0]["token_ids"]
+    assert got.json()["choices"][0]["token_ids"] == want != plain
+    bad = client.post("/v1/completions", json=completion(prompt, 4, presence_penalty=3.0))
+    assert bad.status_code == 400 and "presence_penalty" in bad.json()["error"]["message"]
