@@ -10,7 +10,8 @@ ignored.
 
 Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0: off),
 ``stop_token_ids`` and ``repetition_penalty`` (beside OpenAI's ``presence_penalty`` and ``frequency_penalty``;
-the engine's sampler applies all three as vLLM does). One prompt per request: a list of prompts (the API allows a batch) is refused.
+the engine's sampler applies all three as vLLM does). One prompt per request: a list of prompts (the API
+allows a batch) is refused.
 """
 
 from __future__ import annotations
