@@ -55,7 +55,7 @@ def test_refused_requests_are_failures_not_latencies(url):
     s = result.summary()
     assert (s["completed"], s["failed"]) == (2, 1)
     assert [r.request_id for r in result.failed] == [1] and "HTTP 400" in result.failed[0].error
-    assert "exceeds the maximum length 256" in result.failed[0].error
+    assert "maximum context length is 256 tokens" in result.failed[0].error
     assert s["total_output_tokens"] == 9 and s["total_input_tokens"] == 7
 
 
