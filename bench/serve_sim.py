@@ -170,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", required=True, choices=hardware_names())
     p.add_argument("--slo", default="norm-2x", choices=list(SLO_PRESETS))
     p.add_argument("--managers", nargs="+", default=list(MANAGERS), choices=list(MANAGERS))
-    p.add_argument("--max-seq-len", type=int, default=4096, help="the model's context (default: %(default)s)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="the longest request served (default: the model's context, max_position_embeddings)")
     p.add_argument("--over-context", default="error", choices=trace_formats.OVER_CONTEXT,
                    help="requests longer than the context: error (default), drop or clip")
     p.add_argument("--requests", type=int, help="serve the first N requests only")
@@ -186,6 +187,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
+    context = load_model(args.model).max_position_embeddings
+    if args.max_seq_len is None:
+        args.max_seq_len = context
+    elif not 1 <= args.max_seq_len <= context:
+        raise SystemExit(f"serve-sim: --max-seq-len must be in [1, {context}] ({args.model}'s context), "
+                         f"got {args.max_seq_len}")
     if args.requests is not None and args.requests < 1:
         raise SystemExit(f"serve-sim: --requests must be >= 1, got {args.requests}")
     if any(s <= 0 for s in args.scales):

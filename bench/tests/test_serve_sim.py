@@ -51,9 +51,9 @@ def test_over_context_policy_is_counted_in_the_report(tmp_path, monkeypatch):
     trace = tmp_path / "v.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,20\n1,5000,20\n2,200,30\n")
     with pytest.raises(SystemExit, match=r"v\.csv: request 1 has 5000 \+ 20 = 5020 tokens, more than max_seq_len 4096"):
-        serve_sim.main(_args(trace, tmp_path / "out"))
+        serve_sim.main(_args(trace, tmp_path / "out", "--max-seq-len", "4096"))
     assert not (tmp_path / "out").exists()  # nothing written
-    serve_sim.main(_args(trace, tmp_path / "out", "--over-context", "drop"))
+    serve_sim.main(_args(trace, tmp_path / "out", "--over-context", "drop", "--max-seq-len", "4096"))
     doc = json.loads((tmp_path / "out" / "serve_sim.json").read_text())
     assert (doc["trace"]["num_dropped"], doc["trace"]["num_requests"]) == (1, 2)
     assert "1 dropped" in (tmp_path / "out" / "serve_sim.md").read_text()
@@ -105,3 +105,16 @@ def test_goodput_counts_requests_meeting_the_slo():
     assert row["goodput_rps"] == 0.5 and row["meets_slo"] is True
     assert metrics(trace, result, 0.7)["goodput_rps"] == 0.25 and not metrics(trace, result, 0.7)["meets_slo"]
     assert row["output_tokens_per_s"] == 3.0
+
+
+def test_the_context_defaults_to_the_models(tmp_path, monkeypatch):
+    # a 5,020-token request fits Llama-3.1-8B's 131,072 context: served without --max-seq-len
+    monkeypatch.setenv("PAGEDBENCH_SERVE_SIM_CACHE", str(tmp_path / "cache"))
+    trace = tmp_path / "v.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,20\n1,5000,20\n2,200,30\n")
+    serve_sim.main(_args(trace, tmp_path / "out"))
+    doc = json.loads((tmp_path / "out" / "serve_sim.json").read_text())
+    assert doc["trace"]["max_seq_len"] == 131072 and doc["trace"]["num_requests"] == 3
+    with pytest.raises(SystemExit, match=r"--max-seq-len must be in \[1, 131072\] \(llama-3.1-8b's context\), "
+                                         "got 200000"):
+        serve_sim.main(_args(trace, tmp_path / "out2", "--max-seq-len", "200000"))
