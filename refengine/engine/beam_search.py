@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, beam_score
-from pagedbench.refengine.engine.llm import _unpack_prompt
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
@@ -244,15 +243,10 @@ def run_beam_search(llm, prompts, params: BeamSearchParams, *, history: list | N
     if llm.allocator != "paged":
         raise InvalidArgumentError(f"beam search needs the paged allocator (beams share blocks through fork); "
                                    f"this LLM has allocator={llm.allocator!r}")
-    prompt_list, _ = llm._normalise(prompts, None)
+    prompt_list, _ = llm.normalise_prompts(prompts, None)
     ids_list, bad = [], []
     for i, prompt in enumerate(prompt_list):
-        body, salt, error = _unpack_prompt(prompt)
-        ids: list[int] = []
-        if error is None:
-            ids, error = llm._tokens(body)
-        if error is None:
-            error = llm._check_request(ids, SamplingParams(max_tokens=params.max_tokens))
+        ids, salt, error = llm.prepare_prompt(prompt, SamplingParams(max_tokens=params.max_tokens))
         if error is None:
             error = beam_request_error(
                 len(ids), params, block_size=llm.block_size, num_blocks=llm.block_manager.num_blocks,

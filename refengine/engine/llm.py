@@ -39,6 +39,7 @@ from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.progress import GenerateProgress, wants_bar
+from pagedbench.refengine.engine.prompts import unpack_prompt
 from pagedbench.refengine.engine.request import Request
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
@@ -205,7 +206,7 @@ class LLM:
         if isinstance(max_step_retries, bool) or not isinstance(max_step_retries, int) or max_step_retries < 0:
             raise InvalidArgumentError(f"max_step_retries must be an int >= 0, got {max_step_retries!r}")
         start = self.core.clock.now()
-        prompts, params = self._normalise(prompts, sampling_params)
+        prompts, params = self.normalise_prompts(prompts, sampling_params)
         requests = [self._make_request(p, sp) for p, sp in zip(prompts, params)]
         bad = [(i, r) for i, r in enumerate(requests) if r.error is not None]
         if strict and bad:
@@ -323,7 +324,9 @@ class LLM:
         return list(report.finished)
 
     # --- requests ----------------------------------------------------------------------------------
-    def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+    def normalise_prompts(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+        """``(prompts, one SamplingParams per prompt)`` as :meth:`generate` reads its arguments; raises
+        InvalidArgumentError for a malformed call (a flat list of ints, a count mismatch...)."""
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
@@ -347,7 +350,7 @@ class LLM:
         return list(prompts), params
 
     def _make_request(self, prompt, params: SamplingParams) -> Request:
-        prompt, salt, error = _unpack_prompt(prompt)
+        prompt, salt, error = unpack_prompt(prompt)
         text = prompt if isinstance(prompt, str) else None
         ids: list[int] = []
         if error is None:
@@ -356,6 +359,18 @@ class LLM:
             error = self._check_request(ids, params)
         # (the ids are plain ints in the vocabulary: _tokens and _check_request read each one)
         return self.core.new_request(ids, params, prompt=text, error=error, cache_salt=salt, check_tokens=False)
+
+    def prepare_prompt(self, prompt, params: SamplingParams) -> tuple[list[int], str | None, str | None]:
+        """One prompt in any form :meth:`generate` takes, as ``(token ids, cache_salt, error)``; ``error``
+        names why the engine would refuse it under ``params`` (None: it would queue it). For fronts that
+        build their own requests on this engine (beam search)."""
+        body, salt, error = unpack_prompt(prompt)
+        ids: list[int] = []
+        if error is None:
+            ids, error = self._tokens(body)
+        if error is None:
+            error = self._check_request(ids, params)
+        return ids, salt, error
 
     def _tokens(self, prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -408,25 +423,3 @@ class LLM:
         if bm.num_free_blocks != bm.num_blocks:
             raise RuntimeError(f"KV block leak: {bm.num_blocks - bm.num_free_blocks} of {bm.num_blocks} "
                                "blocks still held after generate")
-
-
-_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
-
-
-def _unpack_prompt(prompt) -> tuple[object, str | None, str | None]:
-    """``(prompt, cache_salt, error)`` from a prompt: token ids, a string, or a dict as vLLM takes it,
-    ``{"prompt_token_ids": [...]}`` or ``{"prompt": "text"}``, with an optional ``"cache_salt"``."""
-    if not isinstance(prompt, Mapping):
-        return prompt, None, None
-    unknown = sorted(set(prompt) - _PROMPT_KEYS, key=str)
-    if unknown:
-        return None, None, f"unknown prompt keys {unknown}; expected {sorted(_PROMPT_KEYS)}"
-    if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
-        return None, None, "a prompt dict needs exactly one of 'prompt' and 'prompt_token_ids'"
-    salt = prompt.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        return None, None, f"cache_salt must be a non-empty string, got {salt!r}"
-    body = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
-    if "prompt" in prompt and not isinstance(body, str):
-        return None, None, f"'prompt' must be a string, got {type(body).__name__}"
-    return body, salt, None
