@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 from importlib import resources
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.model.chat_template import ChatTemplateError, chat_template, render_chat
 
 if TYPE_CHECKING:
     from pagedbench.refengine.engine.outputs import RequestOutput
@@ -163,45 +163,12 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def chat_template(folder: str) -> tuple[str, dict]:
-    """(template, tokenizer config) of a folder: ``chat_template.jinja`` (what recent ``transformers``
-    saves, so what ``make model`` writes), else ``tokenizer_config.json``'s ``chat_template``."""
-    config_path = Path(folder) / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    jinja = Path(folder) / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(), config
-    template = config.get("chat_template")
-    if not isinstance(template, str):
-        raise CLIError(f"--chat: {folder} has no chat template (neither {jinja.name} nor a chat_template "
-                       f"in {config_path.name})")
-    return template, config
-
-
 def chat_prompt(folder: str, tokenizer, text: str) -> dict:
     """One user turn rendered with the folder's chat template, as token ids (the template adds BOS)."""
-    return render_chat(folder, tokenizer, [{"role": "user", "content": text}])
-
-
-def render_chat(folder: str, tokenizer, messages: list[dict]) -> dict:
-    """``messages`` (``{"role", "content"}`` dicts) rendered with the folder's chat template and a
-    generation prompt, as token ids; :class:`CLIError` when the template refuses them."""
-    template, config = chat_template(folder)
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str):
-        raise CLIError(f"--chat: the chat template refused the prompt: {message}")
-
-    def token(key: str) -> str:
-        value = config.get(key) or ""
-        return value.get("content", "") if isinstance(value, dict) else value
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    rendered = env.from_string(template).render(
-        messages=messages, add_generation_prompt=True,
-        bos_token=token("bos_token"), eos_token=token("eos_token"))
-    return {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False).ids}
+    try:
+        return render_chat(folder, tokenizer, [{"role": "user", "content": text}])
+    except ChatTemplateError as e:
+        raise CLIError(f"--chat: {e}") from None
 
 
 def format_output(i: int, out: RequestOutput, label: str | None = None) -> str:

@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedbench.refengine.engine.async_llm import AsyncLLM, EngineDeadError
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from pagedbench.refengine.model.chat_template import ChatTemplateError, render_chat
 from pagedbench.refengine.server.metrics import ServerMetrics
 from pagedbench.refengine.server.protocol import (
     ChatRequest,
@@ -125,12 +126,10 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
         else:
             if model_folder is None:
                 raise APIError(400, f"model {model_name!r} has no chat template", param="messages")
-            from pagedbench.refengine.cli import CLIError, render_chat
-
             try:
                 ids = render_chat(model_folder, tok, body.message_dicts())["prompt_token_ids"]
-            except (CLIError, UnsupportedError) as e:
-                raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+            except (ChatTemplateError, UnsupportedError) as e:
+                raise APIError(400, str(e), param="messages") from None
         return {"count": len(ids), "max_model_len": engine.llm.max_model_len, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize")
@@ -167,12 +166,10 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
             raise APIError(400, f"model {model_name!r} has no tokenizer and no chat template: chat needs a "
                                 "model folder; use /v1/completions with token-id prompts", param="messages")
         _check_text(body, "messages")
-        from pagedbench.refengine.cli import CLIError, render_chat
-
         try:
             prompt = render_chat(model_folder, tokenizer, body.message_dicts())
-        except (CLIError, UnsupportedError) as e:
-            raise APIError(400, str(e).removeprefix("--chat: "), param="messages") from None
+        except (ChatTemplateError, UnsupportedError) as e:
+            raise APIError(400, str(e), param="messages") from None
         params = _params(body, CHAT_DEFAULT_MAX_TOKENS, prompt, "messages")
         return await _serve(prompt, params, body, request, chat=True)
 

@@ -36,3 +36,10 @@ def test_prepare_prompt_gives_ids_salt_and_the_refusal():
     assert ids == [1, 2, 3] and "can never fit the KV pool" in error
     assert llm.prepare_prompt({"prompt": 3}, SamplingParams())[2] == "'prompt' must be a string, got int"
     assert llm.block_manager.num_free_blocks == 8  # a question changes nothing
+
+
+def test_the_server_does_not_import_the_cli():
+    # the CLI starts the server (cli -> launch -> app); the server's chat rendering lives below both
+    server = ENGINE.parent / "server"
+    for path in server.glob("*.py"):
+        assert "pagedbench.refengine.cli" not in imports(path), path.name
