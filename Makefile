@@ -26,9 +26,9 @@ GPU_CHECK_ARGS ?=
 
 .PHONY: help try peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
-## This list: each target with the first line of the comment above it.
+## This list: each target with the whole comment above it.
 help:
-	@awk '/^## /{ if (!doc) doc = substr($$0, 4); next } /^#/ || /^[A-Z_]+ *[?:+]?=/{ next } \
+	@awk '/^## /{ doc = doc (doc ? " " : "") substr($$0, 4); next } /^#/ || /^[A-Z_]+ *[?:+]?=/{ next } \
 	  /^[a-z][a-z-]*:([^=]|$$)/{ split($$0, t, ":"); printf "  make %-22s %s\n", t[1], doc } { doc = "" }' \
 	  $(MAKEFILE_LIST)
 

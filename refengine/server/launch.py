@@ -72,12 +72,26 @@ def start_in_thread(llm: LLM, *, model_name: str, model_folder: str | None = Non
     return RunningServer(f"http://{host}:{port}", engine, server, thread)
 
 
+class _AnnouncingServer(uvicorn.Server):
+    """Says once, whatever the log level, where it listens: a user's cue that requests can be sent."""
+
+    def __init__(self, config, *, model_name: str) -> None:
+        super().__init__(config)
+        self.model_name = model_name
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            print(f"ready on http://{self.config.host}:{self.config.port} (model {self.model_name!r}; "
+                  "Ctrl-C stops)", flush=True)
+
+
 def serve_forever(llm: LLM, *, model_name: str, model_folder: str | None, host: str, port: int,
                   log_level: str = "info") -> None:
     """Serve ``llm`` in the foreground until interrupted (Ctrl-C: requests aborted, engine stopped)."""
     engine = AsyncLLM(llm).start()
     try:
-        uvicorn.Server(_config(llm, engine, model_name=model_name, model_folder=model_folder, host=host,
-                               port=port, log_level=log_level)).run()
+        _AnnouncingServer(_config(llm, engine, model_name=model_name, model_folder=model_folder, host=host,
+                                  port=port, log_level=log_level), model_name=model_name).run()
     finally:
         engine.shutdown()

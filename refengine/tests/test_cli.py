@@ -169,3 +169,29 @@ def test_sampling_options_reach_the_engine(capsys):
     greedy = tiny_greedy([[7, 8]], 6)[0]
     assert expected != greedy  # the settings matter for this prompt
     assert capsys.readouterr().out.splitlines()[1] == f"    -> ids {expected} (length)"
+
+
+def test_serve_says_where_it_is_ready(tmp_path):
+    pytest.importorskip("uvicorn")
+    import os
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pagedbench.refengine", "serve", "--model", "tiny",
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or line.startswith("ready on"):
+                break
+        assert line.strip() == f"ready on http://127.0.0.1:{port} (model 'tiny'; Ctrl-C stops)"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
