@@ -41,6 +41,7 @@ from pagedbench.refengine.server.protocol import (
     UnsupportedError,
     error_body,
     first_invalid_text,
+    generation_defaults,
 )
 from pagedbench.refengine.server.responses import SSE_DONE, ResponseBuilder, sse_error
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -67,6 +68,7 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
     app = FastAPI(title="PagedBench reference engine", docs_url=None, redoc_url=None)
     metrics = ServerMetrics(model_name)
     tokenizer = engine.llm.tokenizer
+    sampling_defaults = generation_defaults(model_folder)
     created = int(time.time())
     app.state.engine, app.state.metrics = engine, metrics
 
@@ -186,7 +188,7 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
                            param="max_tokens")
         default = max(1, min(default_max_tokens, max_len - num_prompt))
         try:
-            return body.sampling_params(default)
+            return body.sampling_params(default, sampling_defaults)
         except (UnsupportedError, InvalidArgumentError) as e:
             raise APIError(400, str(e)) from None
 

@@ -16,6 +16,9 @@ allows a batch) is refused.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pagedbench.refengine.engine.sampling_params import SamplingParams
@@ -55,6 +58,33 @@ def first_invalid_text(value, where: str) -> str | None:
     return None
 
 
+def generation_defaults(folder: str | None) -> dict[str, Any]:
+    """The sampling defaults a model folder's ``generation_config.json`` gives (``temperature``, ``top_p``,
+    ``top_k``), applied where a request leaves them out, as vLLM does (``--generation-config auto``): a
+    model tuned for a low temperature answers well from its first request. Values of the wrong type or
+    range are left out (OpenAI's defaults stand)."""
+    path = Path(folder) / "generation_config.json" if folder else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    if doc.get("do_sample") is False:  # the model's own generate() would decode greedily
+        return {"temperature": 0.0}
+    out: dict[str, Any] = {}
+    t, p, k = doc.get("temperature"), doc.get("top_p"), doc.get("top_k")
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0:
+        out["temperature"] = float(t)
+    if isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 1:
+        out["top_p"] = float(p)
+    if isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+        out["top_k"] = k
+    return out
+
+
 class UnsupportedError(ValueError):
     """A request field this server does not serve (400), naming it."""
 
@@ -68,9 +98,10 @@ class _Sampling(BaseModel):
 
     model: str | None = None
     max_tokens: Int64 | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)  # OpenAI's default
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: Int64 = Field(default=0, ge=-1)
+    # None: the model folder's generation_config.json default, else OpenAI's (1.0, 1.0, off)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: Int64 | None = Field(default=None, ge=-1)
     n: Int64 = Field(default=1, ge=1)
     seed: Int64 | None = Field(default=None, ge=0)
     stream: bool = False
@@ -85,7 +116,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         """The engine's parameters; :class:`UnsupportedError` for a field it cannot honour, the engine's
         ``InvalidArgumentError`` for values out of range (``min_tokens > max_tokens``, ...)."""
         unsupported = [name for name, off in _OFF.items()
@@ -100,10 +131,17 @@ class _Sampling(BaseModel):
             raise UnsupportedError(f"unsupported by this server: {', '.join(unsupported)}")
         return SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
-            temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), n=self.n, seed=self.seed,
+            temperature=self._or_default("temperature", defaults, 1.0), top_p=self._or_default("top_p", defaults, 1.0),
+            top_k=max(self._or_default("top_k", defaults, 0), 0), n=self.n, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty)
+
+    def _or_default(self, name: str, defaults: Mapping[str, Any] | None, openai: Any) -> Any:
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        return (defaults or {}).get(name, openai)
 
     @property
     def include_usage(self) -> bool:
@@ -150,7 +188,7 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int64 | None = Field(default=None, ge=1)
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return super().sampling_params(default_max_tokens)

@@ -92,3 +92,31 @@ def test_tokenize_and_detokenize(text_server):
     assert bad.status_code == 400 and "outside the vocabulary [0, 16): [99]" in bad.json()["error"]["message"]
     both = client.post("/tokenize", json={"prompt": "hello", "messages": [{"role": "user", "content": "x"}]})
     assert both.status_code == 400 and "exactly one of 'prompt' and 'messages'" in both.text
+
+
+def test_generation_config_sets_the_defaults_a_request_leaves_out(folder, tmp_path):  # noqa: F811
+    import shutil
+
+    from pagedbench.refengine.server.protocol import CompletionRequest, generation_defaults
+
+    model = tmp_path / "model"
+    shutil.copytree(folder, model)
+    (model / "generation_config.json").write_text('{"temperature": 0.0, "top_p": 0.9, "top_k": "x"}')
+    assert generation_defaults(str(model)) == {"temperature": 0.0, "top_p": 0.9}  # a bad top_k is left out
+    assert generation_defaults(str(tmp_path)) == {}
+    (tmp_path / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.7}')
+    assert generation_defaults(str(tmp_path)) == {"temperature": 0.0}
+    explicit = CompletionRequest(prompt=[1], temperature=0.5).sampling_params(4, {"temperature": 0.0})
+    assert explicit.temperature == 0.5  # the request's own value wins
+    assert CompletionRequest(prompt=[1]).sampling_params(4, {}).temperature == 1.0  # OpenAI's default
+
+    llm = LLM(str(model), seed=0)
+    greedy = llm.generate(["hello world"], SamplingParams(max_tokens=8, temperature=0.0))[0].outputs[0].token_ids
+    running = start_in_thread(LLM(str(model), seed=0), model_name="words", model_folder=str(model))
+    try:
+        with httpx.Client(base_url=running.url, timeout=httpx.Timeout(20.0)) as client:
+            got = [client.post("/v1/completions", json={"prompt": "hello world", "max_tokens": 8, "seed": s})
+                   .json()["choices"][0]["token_ids"] for s in (1, 2)]
+    finally:
+        running.stop()
+    assert got == [greedy, greedy]  # no temperature in the request: the folder's greedy, whatever the seed
