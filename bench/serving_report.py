@@ -248,11 +248,14 @@ def precision_table(doc: dict) -> str:
     for key, g in sorted(doc.get("precision", {}).items()):
         widest = g["widest_half_width"]
         missing = "; ".join(f"{k}: {v}" for k, v in g["no_estimate"].items())
-        rows.append([key.rsplit(" | ", 1)[0], g["num_replicates"],
+        group, scale = key.rsplit(" | ", 1)
+        sensitivity = scale != "[]"
+        reason = ("a sensitivity run: one seed by design" if sensitivity else g["cap_reason"])
+        rows.append([group + (f" | {scale}" if sensitivity else ""), g["num_replicates"],
                      "–" if widest is None else
                      "∞ (one replicate)" if widest == float("inf") else f"±{100 * widest:.1f}%",
                      "yes" if g["within_target"] else "no", f"{100 * res_of[key]:.1f}%" if key in res_of else "–",
-                     g["cap_reason"] + (f"; no estimate: {missing}" if missing else "")])
+                     reason + (f"; no estimate: {missing}" if missing else "")])
     if not rows:
         return "(no precision record in this run)"
     return (f"Replicates were added per group until every headline (the paged capacity and each paged / Orca "
