@@ -93,13 +93,14 @@ def search(base: Point, low: float, names: list[str], steps: int, resolution: fl
             evaluated[rate] = run_point(dataclasses.replace(base, rate=rate))
         return evaluated[rate]
 
-    capacity, brackets, reasons = {}, {}, {}
+    capacity, brackets, resolutions, reasons = {}, {}, {}, {}
     for name in names:
         c = find_capacity(lambda rate, name=name: _passes(row(rate), name, low), 4 * base.rate, steps=steps,
                           resolution=resolution,
                           min_rate=None if resolution is None else base.rate / 4 ** _DOWNWARD_FACTORS)
         capacity[name] = c.rate
         brackets[name] = list(c.bracket) if c.bracket else None
+        resolutions[name] = c.resolution
         if c.reason:
             reasons[name] = c.reason
     points = [{"rate": r, **{k: v for k, v in p.items() if k != "rate"}} for r, p in sorted(evaluated.items())]
@@ -111,7 +112,7 @@ def search(base: Point, low: float, names: list[str], steps: int, resolution: fl
             "policy": base.policy, "seed": base.seed, "cost_scale": [list(t) for t in base.cost_scale],
             "max_seq_len": base.max_seq_len, "span_s": base.method.span_s, "low_load_normalized_latency_s": low,
             "capacity": capacity, "capacity_bracket": brackets,
-            "capacity_resolution": {k: (b[1] / b[0] - 1 if b else None) for k, b in brackets.items()},
+            "capacity_resolution": resolutions,
             "no_capacity_reason": reasons,
             "saturation_rps": best["achieved_rate"] if best else None,
             "saturation_at_rate": best["rate"] if best else None,
@@ -180,6 +181,7 @@ def more_replicates(cfg: StudyConfig, lows: list[Point], bases: list[Point], res
             "capped": not within and not want > len(seeds),
             "cap_reason": "" if within or want > len(seeds) else (
                 f"the replicate cap ({cap}) was reached" if adaptive else
+                "a sensitivity run: one seed by design" if key[3] != "[]" else
                 "replicates are added only for precision_settings in this run (make bench-full adds them for all)"),
             "no_estimate": reasons}
         if want > len(seeds):

@@ -350,13 +350,8 @@ class LLM:
         return list(prompts), params
 
     def _make_request(self, prompt, params: SamplingParams) -> Request:
-        prompt, salt, error = unpack_prompt(prompt)
-        text = prompt if isinstance(prompt, str) else None
-        ids: list[int] = []
-        if error is None:
-            ids, error = self._tokens(prompt)
-        if error is None:
-            error = self._check_request(ids, params)
+        body, ids, salt, error = self._prepare(prompt, params)
+        text = body if isinstance(body, str) else None
         # (the ids are plain ints in the vocabulary: _tokens and _check_request read each one)
         return self.core.new_request(ids, params, prompt=text, error=error, cache_salt=salt, check_tokens=False)
 
@@ -364,13 +359,16 @@ class LLM:
         """One prompt in any form :meth:`generate` takes, as ``(token ids, cache_salt, error)``; ``error``
         names why the engine would refuse it under ``params`` (None: it would queue it). For fronts that
         build their own requests on this engine (beam search)."""
+        return self._prepare(prompt, params)[1:]
+
+    def _prepare(self, prompt, params: SamplingParams) -> tuple[object, list[int], str | None, str | None]:
         body, salt, error = unpack_prompt(prompt)
         ids: list[int] = []
         if error is None:
             ids, error = self._tokens(body)
         if error is None:
             error = self._check_request(ids, params)
-        return ids, salt, error
+        return body, ids, salt, error
 
     def _tokens(self, prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
