@@ -59,6 +59,10 @@ class TokenDelta:
     token_ids: tuple[int, ...]  # tokens generated since the last update
     num_output_tokens: int  # tokens generated so far, these included
     finish_reason: str | None  # set in the update where the completion ends
+    # with SamplingParams(logprobs=k): one {token_id: logprob} per token of token_ids, else None
+    logprobs: tuple[dict[int, float], ...] | None = None
+    # the completion's whole text when a stop string ended it (cut there: engine/stop_strings.py), else None
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,8 +302,10 @@ class AsyncLLM:
                 continue
             n = s.num_output_tokens
             if n > sent or s.finish_reason is not None:
+                logprobs = tuple(s.logprobs[sent:n]) if s.logprobs is not None else None
+                text = s.output_text if s.finish_reason is not None else None
                 deltas.append(TokenDelta(s.child_index, tuple(s.token_ids[s.num_prompt_tokens + sent:]), n,
-                                         s.finish_reason))
+                                         s.finish_reason, logprobs, text))
                 t.sent[i] = -1 if s.finish_reason is not None else n
         if not deltas:
             return None

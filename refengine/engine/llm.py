@@ -45,6 +45,7 @@ from pagedbench.refengine.engine.sampling_params import SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
+from pagedbench.refengine.engine.stop_strings import StopStringWatcher
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
@@ -185,6 +186,7 @@ class LLM:
                                seed=seed, make_generator=self.executor.make_generator,
                                rewind_generator=self.executor.rewind_generator)
         self._recorder = StatsRecorder()
+        self._stop_strings = StopStringWatcher(self.tokenizer)
 
     # --- public ------------------------------------------------------------------------------------
     @property
@@ -215,8 +217,7 @@ class LLM:
         self._recorder.requests(len(requests) - len(bad), len(bad))
         for r in requests:
             if r.error is None:
-                self._recorder.prompt_tokens(len(r.prompt_token_ids))
-                self.core.add(r)
+                self._queue(r)
         bar = None
         if wants_bar(use_tqdm, len(requests)):
             bar = GenerateProgress(requests, lambda: self._recorder.generated)
@@ -257,9 +258,13 @@ class LLM:
             self._recorder.requests(0, 1)
             return req
         self._recorder.requests(1, 0)
+        self._queue(req)
+        return req
+
+    def _queue(self, req: Request) -> None:
         self._recorder.prompt_tokens(len(req.prompt_token_ids))
         self.core.add(req)
-        return req
+        self._stop_strings.watch(req.children)
 
     def _after_failed_step(self, exc: Exception, failures: dict[int, int], max_retries: int) -> list[Sequence]:
         """Count a failed step against the requests it touched (every queued one when it touched none,
@@ -319,9 +324,14 @@ class LLM:
 
     def _after_step(self, report: StepReport) -> list[Sequence]:
         self._recorder.step(report.output, len(report.sampled), self.scheduler, self.block_manager)
+        finished = list(report.finished)
+        if len(self._stop_strings):
+            stopped = [s for s in self._stop_strings.check(self.scheduler.finish_now) if s not in finished]
+            self.core.record_finished(stopped, report.end_s)
+            finished.extend(stopped)
         if self.check_invariants:
             self.block_manager.check_invariants()
-        return list(report.finished)
+        return finished
 
     # --- requests ----------------------------------------------------------------------------------
     def normalise_prompts(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
@@ -398,6 +408,8 @@ class LLM:
             return f"prompt of {len(ids)} tokens exceeds the maximum length {self.max_model_len}"
         if params.logprobs is not None and params.logprobs > vocab:
             return f"logprobs={params.logprobs} exceeds the vocabulary size {vocab}"
+        if params.stop and self.tokenizer is None:
+            return "stop strings need a tokenizer; the model has none (use stop_token_ids)"
         if params.n > self.max_num_seqs:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
         held = min(len(ids) + params.max_tokens - 1, self.max_model_len)  # the last token is never stored

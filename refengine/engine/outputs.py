@@ -12,7 +12,8 @@ class CompletionOutput:
     """One completion (child) of a request. Lists, as vLLM's offline API returns them.
 
     ``finish_reason``: "length" (``max_tokens`` reached, or the model's maximum length), "stop" (a
-    ``stop_token_ids`` token was generated; it is the last of ``token_ids``), "eos" (the model's EOS
+    ``stop_token_ids`` token was generated, it is the last of ``token_ids``; or a ``stop`` string appeared in
+    the text: ``text`` ends before it, ``token_ids`` with the token that completed it), "eos" (the model's EOS
     token was generated; it is the last of ``token_ids``), "abort" (``LLM.abort``, or its request's
     ``error`` was set by a failed step: ``token_ids`` holds what was generated until then).
     """

@@ -42,7 +42,9 @@ class Request:
         outs = []
         for s in self.children:
             ids = list(s.output_token_ids)
-            text = tokenizer.decode(ids) if tokenizer is not None else None
+            text = s.output_text
+            if text is None and tokenizer is not None:
+                text = tokenizer.decode(ids)
             logprobs = cumulative = None
             if s.logprobs is not None:
                 logprobs = [dict(e) for e in s.logprobs]

@@ -29,7 +29,8 @@ class SamplingParams:
     """How to sample one request (vLLM's offline-API names and meanings).
 
     ``stop_token_ids`` and the model's EOS ids end a sequence *with* the token included in its output
-    (as Hugging Face's ``generate``); ``ignore_eos`` keeps going past EOS until ``max_tokens``.
+    (as Hugging Face's ``generate``); ``ignore_eos`` keeps going past EOS until ``max_tokens``. ``stop``
+    strings end it where its text first holds one (the text cut there, the tokens kept).
     """
 
     max_tokens: int = 16  # tokens to generate at most (>= 1)
@@ -52,6 +53,10 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from every generated token's logit
     frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence of a generated token
     repetition_penalty: float = 1.0  # > 0: a seen token's logit > 0 divided by it, <= 0 multiplied
+    # strings that end a completion where its text first contains one (``engine/stop_strings.py``; needs
+    # the model's tokenizer); the text is cut before it unless include_stop_str_in_output. A str is one stop
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     # temperature == 0: argmax, no draw. Derived, not an argument; an attribute rather than a property
     # because the sampler reads it for every sequence of every step
     greedy: bool = field(init=False, repr=False, compare=False)
@@ -81,6 +86,17 @@ class SamplingParams:
         if bad:
             raise InvalidArgumentError(f"stop_token_ids must be non-negative ints, got {bad!r}")
         object.__setattr__(self, "stop_token_ids", stop)
+        stops = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if isinstance(stops, bytes) or not hasattr(stops, "__iter__"):
+            raise InvalidArgumentError(f"stop must be a str or a sequence of str, got {type(self.stop).__name__}")
+        stops = tuple(stops)
+        bad = [x for x in stops if not isinstance(x, str) or not x]
+        if bad:
+            raise InvalidArgumentError(f"stop strings must be non-empty str, got {bad!r}")
+        object.__setattr__(self, "stop", stops)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise InvalidArgumentError(
+                f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidArgumentError(
                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")

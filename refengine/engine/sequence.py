@@ -57,6 +57,8 @@ class Sequence:
     # its prompt's ids were checked where it entered the engine (EngineCore.new_request): the block
     # manager need not read them again (Scheduler._allocate)
     prompt_checked: bool = False
+    # its text, cut at the stop string that ended it (``engine/stop_strings.py``); None: the tokens' decode
+    output_text: str | None = None
 
     @property
     def priority(self) -> tuple[int, int]:

@@ -15,22 +15,19 @@
 Errors have OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): 422 for a body that
 is not the API's shape, 400 for one the engine refuses (a text prompt without a tokenizer, a prompt
 too long, a request that could never fit the KV pool, an unsupported field), 404 for an unknown
-model or path, 503 once the engine has stopped. A client that disconnects aborts its request (a
-stream at its next write; a whole response through a disconnect listener, as vLLM does), freeing its
-KV blocks before the next step.
+model or path, 503 once the engine has stopped. Serving a call's requests and following their streams
+is ``server/serving.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pagedbench.refengine.engine.async_llm import AsyncLLM, EngineDeadError
-from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
+from fastapi.responses import JSONResponse, Response
+from pagedbench.refengine.engine.async_llm import AsyncLLM
+from pagedbench.refengine.errors import InvalidArgumentError
 from pagedbench.refengine.model.chat_template import ChatTemplateError, render_chat
 from pagedbench.refengine.server.metrics import ServerMetrics
 from pagedbench.refengine.server.protocol import (
@@ -43,19 +40,12 @@ from pagedbench.refengine.server.protocol import (
     first_invalid_text,
     generation_defaults,
 )
-from pagedbench.refengine.server.responses import SSE_DONE, ResponseBuilder, sse_error
+from pagedbench.refengine.server.serving import APIError, Call, Server
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 256  # chat has no documented default: ours, capped by the model's length
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
@@ -71,6 +61,7 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
     sampling_defaults = generation_defaults(model_folder)
     created = int(time.time())
     app.state.engine, app.state.metrics = engine, metrics
+    server = Server(engine, metrics, model_name)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(request: Request, exc: RequestValidationError):
@@ -152,14 +143,16 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
     async def completions(body: CompletionRequest, request: Request):
         _check_model(body.model, model_name)
         _check_text(body, "prompt")
-        try:
-            prompt = body.engine_prompt()
-        except UnsupportedError as e:
-            raise APIError(400, str(e), param="prompt") from None
-        if "prompt" in prompt and tokenizer is not None:  # counted here: the context bound needs its length
-            prompt = {"prompt_token_ids": list(tokenizer.encode(prompt["prompt"]).ids)}
-        params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, prompt, "prompt")
-        return await _serve(prompt, params, body, request, chat=False)
+        calls = []
+        for prompt in body.engine_prompts():
+            echo = prompt.get("prompt", "") if body.echo else ""
+            if "prompt" in prompt and tokenizer is not None:  # counted here: the context bound needs its length
+                prompt = {"prompt_token_ids": list(tokenizer.encode(prompt["prompt"]).ids)}
+            elif body.echo and tokenizer is not None:
+                echo = tokenizer.decode(prompt["prompt_token_ids"])
+            calls.append(Call(prompt, _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS, prompt, "prompt"), echo))
+        return await server.serve(calls, stream=body.stream, include_usage=body.include_usage, request=request,
+                                  chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
@@ -173,7 +166,8 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
         except (ChatTemplateError, UnsupportedError) as e:
             raise APIError(400, str(e), param="messages") from None
         params = _params(body, CHAT_DEFAULT_MAX_TOKENS, prompt, "messages")
-        return await _serve(prompt, params, body, request, chat=True)
+        return await server.serve([Call(prompt, params)], stream=body.stream, include_usage=body.include_usage,
+                                  request=request, chat=True)
 
     def _params(body, default_max_tokens: int, prompt: dict, what: str):
         """The request's SamplingParams, bounded by the context as vLLM does: an explicit ``max_tokens``
@@ -192,64 +186,6 @@ def build_app(engine: AsyncLLM, *, model_name: str, model_folder: str | None = N
         except (UnsupportedError, InvalidArgumentError) as e:
             raise APIError(400, str(e)) from None
 
-    async def _serve(prompt, params, body, request: Request, *, chat: bool):
-        try:
-            stream = await engine.add(prompt, params)
-        except InvalidRequestError as e:
-            raise APIError(400, str(e), param="messages" if chat else "prompt") from None
-        except EngineDeadError as e:
-            raise APIError(503, str(e), "server_error") from None
-        builder = ResponseBuilder(stream, model_name=model_name, tokenizer=tokenizer, chat=chat)
-        if body.stream:
-            return StreamingResponse(_sse(stream, builder, body.include_usage), media_type="text/event-stream")
-        collect = asyncio.ensure_future(_collect(stream, builder))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not collect.done():  # the client left: stop waiting and free its blocks
-                collect.cancel()
-                stream.close()
-                _observe(stream, builder)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await collect
-        if not collect.done() or collect.cancelled():
-            return Response(status_code=499)
-        collect.result()
-        if builder.error is not None:
-            raise APIError(500, builder.error, "server_error")
-        return builder.response()
-
-    async def _collect(stream, builder: ResponseBuilder) -> None:
-        try:
-            async for update in stream:
-                builder.apply(update)
-        finally:
-            if stream.finished:
-                _observe(stream, builder)
-
-    async def _sse(stream, builder: ResponseBuilder, include_usage: bool):
-        try:
-            async for update in stream:
-                for chunk in builder.sse_chunks(update):
-                    yield chunk
-            if builder.error is not None:
-                yield sse_error(builder.error, 500)
-            elif include_usage:
-                yield builder.sse_usage()
-            yield SSE_DONE
-        finally:
-            stream.close()  # the client went away mid-stream: abort (a no-op once finished)
-            _observe(stream, builder)
-
-    def _observe(stream, builder: ResponseBuilder) -> None:
-        if builder.observed:
-            return
-        builder.observed = True
-        metrics.observe_request(stream.arrival_time_s, builder.token_times_s, builder.num_output_tokens,
-                                builder.finished_reason)
-
     return app
 
 
@@ -264,11 +200,3 @@ def _check_text(body, field: str) -> None:
     if where is not None:
         raise APIError(400, f"{where}: not valid Unicode (a lone surrogate?): every string must encode as UTF-8",
                        param=field)
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (its body already read: the next message is the disconnect)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

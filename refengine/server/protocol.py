@@ -9,9 +9,13 @@ that send more (``user``...) still work; fields the engine cannot honour (``tool
 ignored.
 
 Extra parameters, as vLLM's: ``ignore_eos``, ``min_tokens``, ``top_k`` (-1 or 0: off),
-``stop_token_ids`` and ``repetition_penalty`` (beside OpenAI's ``presence_penalty`` and ``frequency_penalty``;
-the engine's sampler applies all three as vLLM does). One prompt per request: a list of prompts (the API
-allows a batch) is refused.
+``stop_token_ids``, ``include_stop_str_in_output`` and ``repetition_penalty`` (beside OpenAI's
+``presence_penalty`` and ``frequency_penalty``; the engine's sampler applies all three as vLLM does).
+``stop`` strings end a completion in the engine (``engine/stop_strings.py``). ``logprobs`` are the
+model's raw log-probabilities (before temperature and truncation), at most :data:`MAX_LOGPROBS` per
+position, as vLLM's default ``max_logprobs``. ``/v1/completions`` takes a list of prompts (a batch:
+one request per prompt) and ``echo``; ``echo`` with ``logprobs`` needs the prompt's logprobs, which the
+engine does not compute, and is refused.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ def generation_defaults(folder: str | None) -> dict[str, Any]:
     return out
 
 
+MAX_LOGPROBS = 20
+
+
 class UnsupportedError(ValueError):
     """A request field this server does not serve (400), naming it."""
 
@@ -107,6 +114,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
     min_tokens: Int64 = Field(default=0, ge=0)
@@ -121,10 +129,6 @@ class _Sampling(BaseModel):
         ``InvalidArgumentError`` for values out of range (``min_tokens > max_tokens``, ...)."""
         unsupported = [name for name, off in _OFF.items()
                        if name in (self.model_extra or {}) and self.model_extra[name] not in off]
-        if self.stop:
-            unsupported.append("stop (strings; use stop_token_ids)")
-        if self.logprobs not in (None, False):
-            unsupported.append("logprobs")
         if self.best_of not in (None, 1):
             unsupported.append("best_of")
         if unsupported:
@@ -135,7 +139,25 @@ class _Sampling(BaseModel):
             top_k=max(self._or_default("top_k", defaults, 0), 0), n=self.n, seed=self.seed,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty)
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            logprobs=self.num_logprobs(), stop=self.stop_strings(),
+            include_stop_str_in_output=self.include_stop_str_in_output)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if any(not x for x in stops):
+            raise UnsupportedError("stop strings must be non-empty")
+        return stops
+
+    def num_logprobs(self) -> int | None:
+        """Top tokens per position to return logprobs for (None: no logprobs), as this endpoint spells it."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _bounded_logprobs(k: int, name: str) -> int:
+        if not 0 <= k <= MAX_LOGPROBS:
+            raise UnsupportedError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        return k
 
     def _or_default(self, name: str, defaults: Mapping[str, Any] | None, openai: Any) -> Any:
         value = getattr(self, name)
@@ -152,16 +174,28 @@ class CompletionRequest(_Sampling):
     prompt: str | list[Int64] | list[str] | list[list[Int64]]
     echo: bool = False
 
-    def engine_prompt(self):
-        """The prompt as the engine takes it: a string or a list of token ids."""
+    def num_logprobs(self) -> int | None:
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        if self.logprobs is True:  # the chat endpoint's spelling
+            raise UnsupportedError("logprobs of /v1/completions is the number of top tokens (an int), got true")
         if self.echo:
-            raise UnsupportedError("unsupported by this server: echo")
+            raise UnsupportedError("echo with logprobs needs the prompt's logprobs, which this server does not "
+                                   "compute")
+        return self._bounded_logprobs(self.logprobs, "logprobs")
+
+    def engine_prompts(self) -> list[dict]:
+        """The prompts as the engine takes them, each a string or a list of token ids: one, or a batch."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise UnsupportedError(f"one prompt per request, got a batch of {len(p)}")
-            p = p[0]
-        return {"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
+        batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        return [{"prompt": x} if isinstance(x, str) else {"prompt_token_ids": list(x)} for x in batch]
+
+    def engine_prompt(self):
+        """The prompt as the engine takes it, for a request of one prompt."""
+        prompts = self.engine_prompts()
+        if len(prompts) != 1:
+            raise UnsupportedError(f"engine_prompt takes one prompt, got a batch of {len(prompts)}")
+        return prompts[0]
 
 
 class ChatMessage(BaseModel):
@@ -187,11 +221,22 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int64 | None = Field(default=None, ge=1)
+    top_logprobs: Int64 | None = None
+
+    def num_logprobs(self) -> int | None:
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise UnsupportedError(f"logprobs of /v1/chat/completions is a bool (top_logprobs gives the number), "
+                                   f"got {self.logprobs}")
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise UnsupportedError("top_logprobs needs logprobs: true")
+            return None
+        return self._bounded_logprobs(self.top_logprobs or 0, "top_logprobs")
 
     def sampling_params(self, default_max_tokens: int, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
-        return super().sampling_params(default_max_tokens)
+        return super().sampling_params(default_max_tokens, defaults)
 
     def message_dicts(self) -> list[dict]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
