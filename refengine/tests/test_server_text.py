@@ -97,7 +97,7 @@ def test_tokenize_and_detokenize(text_server):
 def test_generation_config_sets_the_defaults_a_request_leaves_out(folder, tmp_path):  # noqa: F811
     import shutil
 
-    from pagedbench.refengine.server.protocol import CompletionRequest, generation_defaults
+    from pagedbench.refengine.server.protocol import ChatRequest, CompletionRequest, generation_defaults
 
     model = tmp_path / "model"
     shutil.copytree(folder, model)
@@ -109,6 +109,8 @@ def test_generation_config_sets_the_defaults_a_request_leaves_out(folder, tmp_pa
     explicit = CompletionRequest(prompt=[1], temperature=0.5).sampling_params(4, {"temperature": 0.0})
     assert explicit.temperature == 0.5  # the request's own value wins
     assert CompletionRequest(prompt=[1]).sampling_params(4, {}).temperature == 1.0  # OpenAI's default
+    chat = ChatRequest(messages=[{"role": "user", "content": "hi"}]).sampling_params(4, {"top_p": 0.5})
+    assert chat.top_p == 0.5  # chat too
 
     llm = LLM(str(model), seed=0)
     greedy = llm.generate(["hello world"], SamplingParams(max_tokens=8, temperature=0.0))[0].outputs[0].token_ids
