@@ -132,11 +132,12 @@ TARGETS = (
         ("compare_boundary", "const_off_by_one"),
         ("refengine/tests/test_block_manager_fast_paths.py", "bench/tests/test_sim_fast_forward.py"),
     ),
-    Target(
-        "refengine/engine/scheduler.py",
-        ("compare_boundary", "preempt_oldest", "budget_not_charged"),
-        ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"),
-    ),
+    *(Target(path, operators, ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"))
+      for path, operators in (
+          ("refengine/engine/scheduler.py", ("compare_boundary", "preempt_oldest", "budget_not_charged")),
+          # recording a step: its comparisons (planning's preemption and budget live in scheduler.py)
+          ("refengine/engine/step_update.py", ("compare_boundary",)),
+      )),
     Target(
         "refengine/model/sampling.py",
         ("compare_boundary", "const_off_by_one", "sampler_arith"),

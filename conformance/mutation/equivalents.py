@@ -46,7 +46,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "than one token to compute (or no budget), so it plans nothing: the same chunks, only slower"
     ),
     (
-        "refengine/engine/scheduler.py",
+        "refengine/engine/step_update.py",
         "update",
         "compare_boundary",
         "if publish and (chunk.num_tokens >= 1 or end % bs == 0):",
@@ -57,7 +57,7 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "raises num_computed to the value it already has"
     ),
     (
-        "refengine/engine/scheduler.py",
+        "refengine/engine/step_update.py",
         "update",
         "compare_boundary",
         "if (n - seq.num_prompt_tokens < p.max_tokens and n < max_len and token not in p.stop_token_ids",
