@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 from importlib import resources
@@ -183,10 +184,27 @@ def format_output(i: int, out: RequestOutput, label: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def format_stats(s: LLMStats) -> str:
-    return (f"stats: {s.num_requests} requests, {s.num_prompt_tokens} prompt tokens, {s.num_generated_tokens} "
+def format_stats(s: LLMStats, load: tuple[float, int] | None = None) -> str:
+    """The stats line; ``load``: ``(1-minute load average, cores)`` (default: this machine's). Above the
+    cores, other work shares them and tokens/s reads low (5-10x on a busy two-core machine): the line
+    says so rather than let a reader take it for the engine's speed."""
+    line = (f"stats: {s.num_requests} requests, {s.num_prompt_tokens} prompt tokens, {s.num_generated_tokens} "
             f"generated tokens in {s.elapsed_s:.3f} s ({s.num_steps} steps): input {s.input_tokens_per_s:.1f} "
             f"tok/s, output {s.output_tokens_per_s:.1f} tok/s")
+    if load is None:
+        load = machine_load()
+    if load is not None and load[0] > load[1]:
+        line += (f" [machine loaded: load average {load[0]:.1f} on {load[1]} cores; other work shares them, "
+                 "so these rates read low]")
+    return line
+
+
+def machine_load() -> tuple[float, int] | None:
+    """``(1-minute load average, cores)``, None where the platform has no load average."""
+    try:
+        return os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):
+        return None
 
 
 def check_arguments(args: argparse.Namespace):

@@ -195,3 +195,15 @@ def test_serve_says_where_it_is_ready(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_stats_line_says_when_the_machine_is_loaded():
+    from pagedbench.refengine.cli import format_stats
+
+    llm = LLM(ModelConfig.from_yaml(named_configs_path(), name="tiny"), seed=0)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    busy = format_stats(llm.stats, load=(5.2, 2))
+    assert busy.endswith("[machine loaded: load average 5.2 on 2 cores; other work shares them, so these rates "
+                         "read low]")
+    idle = format_stats(llm.stats, load=(1.5, 2))
+    assert idle.endswith("tok/s") and busy.startswith(idle)
