@@ -87,15 +87,21 @@ class TensorParallelExecutor(ModelExecutor):
 
     def _who_failed(self, exc: BaseException) -> str:
         """Name the rank behind ``exc``, raised by rank 0's shard: a worker that stopped (its sockets closed,
-        so rank 0's all-reduce failed), else rank 0 itself."""
+        so rank 0's all-reduce failed), the workers that never answered (the all-reduce timed out), else
+        rank 0 itself."""
+        timed_out = isinstance(exc, RuntimeError) and "timed out" in str(exc).lower()
         deadline = time.monotonic() + _EXIT_GRACE_S
         while True:
             dead = self.workers.culprit("during the step")
-            if dead is not None or time.monotonic() > deadline or not isinstance(exc, RuntimeError):
+            if dead is not None or timed_out or time.monotonic() > deadline or not isinstance(exc, RuntimeError):
                 break
             time.sleep(0.05)
         if dead is not None:
             return dead
+        if timed_out:
+            silent = ", ".join(f"rank {i + 1} (pid {pid})" for i, pid in enumerate(self.workers.pids))
+            return (f"tensor-parallel rank 0 waited {self.workers.timeout_s:g} s in an all-reduce during the step "
+                    f"for ranks that did not join it (running but not answering: {silent})")
         return (f"tensor-parallel rank 0 (pid {os.getpid()}) failed during the step "
                 f"({type(exc).__name__}: {exc}); the other ranks could not finish it")
 

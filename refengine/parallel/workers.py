@@ -41,16 +41,14 @@ def _exit_reason(exitcode: int | None) -> str:
 
 
 def _stop(procs: list, conns: list, store_dir: str | None) -> None:
-    """Stop every worker: ask, then terminate, then kill, each with a deadline. Idempotent."""
+    """Stop every worker: ask, then kill those still running after ``_JOIN_S`` (in all). Idempotent."""
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):  # (a dead worker's pipe)
             conn.send(("stop", None))
+    deadline = time.monotonic() + _JOIN_S
     for proc in procs:
-        proc.join(_JOIN_S)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(_JOIN_S)
-        if proc.is_alive():
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():  # stuck (in a collective, or stopped): it holds nothing to clean up
             proc.kill()
             proc.join(_JOIN_S)
     for conn in conns:
