@@ -123,10 +123,25 @@ class WorkerSet:
                 raise self.fail(self.culprit(what) or f"tensor-parallel rank {i + 1}: its pipe is closed") from None
 
     def culprit(self, what: str) -> str | None:
-        """A line naming the first worker that is no longer running (None: every one is)."""
+        """A line naming the first worker that is no longer running, with the error it reported if it
+        did (None: every one is running)."""
         for i, proc in enumerate(self.procs):
             if not proc.is_alive():
-                return f"tensor-parallel rank {i + 1} (pid {proc.pid}) {_exit_reason(proc.exitcode)} {what}"
+                line = f"tensor-parallel rank {i + 1} (pid {proc.pid}) {_exit_reason(proc.exitcode)} {what}"
+                words = self._last_words(self.conns[i])
+                return line if words is None else f"{line}: {words}"
+        return None
+
+    @staticmethod
+    def _last_words(conn) -> str | None:
+        """The last line of the traceback a dead worker sent before exiting, if it sent one."""
+        try:
+            while conn.poll(0):
+                kind, body = conn.recv()
+                if kind == "error":
+                    return body.strip().splitlines()[-1]
+        except (EOFError, OSError, ValueError):
+            pass
         return None
 
     def fail(self, why: str) -> TensorParallelError:

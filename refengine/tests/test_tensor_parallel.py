@@ -130,6 +130,20 @@ def test_a_worker_killed_between_steps_fails_the_step_naming_it():
         assert gone(pid)
 
 
+def test_a_worker_that_raises_is_named_with_its_error():
+    with LLM(resolve_model("tiny"), **ENGINE, tensor_parallel_size=2) as llm:
+        pid = llm.executor.workers.pids[0]
+        llm.executor.workers.send_all("no-such-message", None, "in the test")  # the worker raises, then exits 1
+        llm.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+        deadline = time.monotonic() + 20
+        while not gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(TensorParallelError, match=rf"^tensor-parallel rank 1 \(pid {pid}\) exited with code 1 "
+                                                      r"before the step: RuntimeError: worker rank 1: unknown "
+                                                      r"message 'no-such-message'$"):
+            llm.step()
+
+
 def test_a_worker_killed_mid_step_fails_the_step_naming_it():
     with LLM(resolve_model("tiny"), **ENGINE, tensor_parallel_size=2) as llm:
         pid = llm.executor.workers.pids[0]
