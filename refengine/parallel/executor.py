@@ -74,15 +74,22 @@ class TensorParallelExecutor(ModelExecutor):
         dead = workers.culprit("before the step")
         if dead is not None:
             raise workers.fail(dead)
-        workers.send_all("step", shard, "before the step")
         try:
-            result = run_shard_step(self.model, self.pool, self.kv_caches, shard, self.ledger)
-        except BaseException as exc:
-            error = workers.fail(self._who_failed(exc))
-            if not isinstance(exc, Exception):
-                raise  # Ctrl-C, SystemExit: the group is closed, and they propagate as themselves
-            raise error from exc
-        workers.wait_all("done", workers.timeout_s, "during the step")
+            workers.send_all("step", shard, "before the step")
+            try:
+                result = run_shard_step(self.model, self.pool, self.kv_caches, shard, self.ledger)
+            except BaseException as exc:
+                raise workers.fail(self._who_failed(exc)) from exc
+            workers.wait_all("done", workers.timeout_s, "during the step")
+        except TensorParallelError as error:
+            cause = error.__cause__
+            if cause is not None and not isinstance(cause, Exception):
+                raise cause from None  # Ctrl-C, SystemExit: the group is closed, and they propagate as themselves
+            raise
+        except BaseException:
+            # interrupted between the broadcast and the last answer: the ranks are out of step for good
+            workers.fail("a step was interrupted on rank 0 after its broadcast")
+            raise
         return result
 
     def _who_failed(self, exc: BaseException) -> str:

@@ -20,8 +20,10 @@ from dataclasses import replace
 import torch.multiprocessing as mp
 from pagedbench.refengine.parallel.worker import WorkerSpec, worker_main
 
-#: seconds a stopped worker gets to exit before it is terminated, then killed
+#: seconds stopped workers get to exit before they are killed (after a failure, when they may be stuck in a
+#: collective that will never end, less)
 _JOIN_S = 5.0
+_JOIN_AFTER_FAILURE_S = 1.0
 
 
 class TensorParallelError(RuntimeError):
@@ -40,12 +42,12 @@ def _exit_reason(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _stop(procs: list, conns: list, store_dir: str | None) -> None:
-    """Stop every worker: ask, then kill those still running after ``_JOIN_S`` (in all). Idempotent."""
+def _stop(procs: list, conns: list, store_dir: str | None, join_s: float = _JOIN_S) -> None:
+    """Stop every worker: ask, then kill those still running after ``join_s`` (in all)."""
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):  # (a dead worker's pipe)
             conn.send(("stop", None))
-    deadline = time.monotonic() + _JOIN_S
+    deadline = time.monotonic() + join_s
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():  # stuck (in a collective, or stopped): it holds nothing to clean up
@@ -70,15 +72,19 @@ class WorkerSet:
         self.procs, self.conns = [], []
         self.failure: str | None = None  # why the group is closed (None: open)
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, store_dir)
-        for rank in range(1, spec.world_size):
-            ours, theirs = ctx.Pipe(duplex=True)
-            device = None if device_indices is None else device_indices[rank]
-            proc = ctx.Process(target=worker_main, args=(replace(spec, rank=rank, device_index=device), theirs),
-                               name=f"pagedbench-tp-rank{rank}", daemon=True)
-            proc.start()
-            theirs.close()
-            self.procs.append(proc)
-            self.conns.append(ours)
+        try:
+            for rank in range(1, spec.world_size):
+                ours, theirs = ctx.Pipe(duplex=True)
+                self.conns.append(ours)
+                device = None if device_indices is None else device_indices[rank]
+                proc = ctx.Process(target=worker_main, args=(replace(spec, rank=rank, device_index=device), theirs),
+                                   name=f"pagedbench-tp-rank{rank}", daemon=True)
+                proc.start()
+                theirs.close()
+                self.procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -148,11 +154,17 @@ class WorkerSet:
         """Close the group (stop every worker) and return the error to raise; the first reason sticks."""
         if self.failure is None:
             self.failure = why
-        self.close()
+        self.close(join_s=_JOIN_AFTER_FAILURE_S)
         return TensorParallelError(why)
 
-    def close(self) -> None:
-        self._finalizer()
+    def close(self, join_s: float = _JOIN_S) -> None:
+        """Stop every worker (idempotent); every later step fails with a TensorParallelError."""
+        if self.failure is None:
+            self.failure = "its workers were stopped (LLM.close)"
+        stop = self._finalizer.detach()  # (None once stopped)
+        if stop is not None:
+            _, func, args, _ = stop
+            func(*args, join_s=join_s)
 
     @property
     def closed(self) -> bool:

@@ -86,6 +86,9 @@ def test_two_ranks_give_one_rank_tokens_and_agree_on_their_pools(source, monkeyp
     assert reports[1].pid == pids[0] and reports[0].num_steps == reports[1].num_steps > 0
     for pid in pids:  # the context manager stopped the workers
         assert gone(pid)
+    llm.add_request([1, 2], SamplingParams(max_tokens=1))
+    with pytest.raises(TensorParallelError, match=r"^the tensor-parallel group is closed: its workers were stopped"):
+        llm.step()
 
 
 def test_refused_before_anything_starts(monkeypatch):
@@ -185,7 +188,25 @@ def test_a_worker_that_stops_answering_fails_the_step_within_the_timeout(monkeyp
         assert gone(pid)  # the group was closed: the stopped worker killed
 
 
-@pytest.mark.parametrize("ending", ["exit", "parent-killed"])
+def test_ctrl_c_mid_step_propagates_and_closes_the_group():
+    """The worker is left inside an all-reduce rank 0 will never join: the group cannot go on."""
+    with LLM(resolve_model("tiny"), **ENGINE, tensor_parallel_size=2) as llm:
+        pid = llm.executor.workers.pids[0]
+
+        def interrupt(module, args):
+            raise KeyboardInterrupt
+
+        llm.model.model.layers[1].register_forward_pre_hook(interrupt)
+        llm.add_request([1, 2, 3, 4, 5], SamplingParams(max_tokens=4))
+        with pytest.raises(KeyboardInterrupt):
+            llm.step()
+        assert gone(pid)
+        with pytest.raises(TensorParallelError, match=r"closed: tensor-parallel rank 0 \(pid \d+\) failed during "
+                                                      r"the step \(KeyboardInterrupt"):
+            llm.step()
+
+
+@pytest.mark.parametrize("ending", ["exit", pytest.param("parent-killed", marks=pytest.mark.slow)])
 def test_no_worker_outlives_its_engine(ending):
     """A script that never closes its LLM: the workers go at interpreter exit, or by themselves when the
     engine's process is killed."""
