@@ -233,3 +233,17 @@ def test_no_worker_outlives_its_engine(ending):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_the_cli_runs_two_ranks(capsys):
+    from pagedbench.refengine.cli import main
+
+    argv = ["generate", "--model", "tiny", "--prompt-ids", "5,6,7", "--max-tokens", "5"]
+    assert main(argv) == 0
+    want = capsys.readouterr().out.splitlines()[:2]
+    before = multiprocessing.active_children()
+    assert main([*argv, "--tensor-parallel-size", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == want
+    assert multiprocessing.active_children() == before  # its workers were stopped
+    assert main([*argv, "--tensor-parallel-size", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --tensor-parallel-size must be >= 1; got 0"  # before loading
