@@ -15,6 +15,7 @@ failed step, and every later step fails with the same error.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -129,6 +130,8 @@ class TensorParallelExecutor(ModelExecutor):
         reports = self.rank_reports()
         bad = [f"rank 0: {line}" for line in self.ledger.mismatches(self.block_manager, sequences)]
         first = reports[0]
+        if first.num_blocks != self.block_manager.num_blocks:
+            bad.append(f"rank 0: {first.num_blocks} blocks, its block manager {self.block_manager.num_blocks}")
         for r in reports[1:]:
             for field in ("num_blocks", "block_size", "num_kv_heads", "num_steps"):
                 if getattr(r, field) != getattr(first, field):
@@ -171,4 +174,5 @@ def start_tensor_parallel(source, model, pool, block_manager, block_size: int, w
     except BaseException:
         workers.close()
         raise
+    shutil.rmtree(store_dir, ignore_errors=True)  # the group is whole: nobody reads the store again
     return TensorParallelExecutor(model, pool, block_manager, block_size, workers=workers, group=group[0])
