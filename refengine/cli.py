@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="apply the model folder's chat template to text prompts")
     gen.add_argument("--batch-invariant", action="store_true",
                      help="logits bit-identical whatever else is in the batch (slower)")
+    gen.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                     help="run the model on N ranks (processes), each a slice of every layer (default 1)")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)",
                            description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
@@ -120,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's maximum")
     serve.add_argument("--batch-invariant", action="store_true",
                        help="logits bit-identical whatever else is in the batch (slower)")
+    serve.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                       help="run the model on N ranks (processes), each a slice of every layer (default 1)")
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return parser
 
@@ -139,7 +143,7 @@ def check_serve_arguments(args: argparse.Namespace):
         raise CLIError(f"--port must be in 1..65535; got {args.port}")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0; got {args.seed}")
-    for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+    for name in ("num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "tensor_parallel_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
@@ -157,10 +161,12 @@ def serve(args: argparse.Namespace) -> int:
 
     llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant,
               num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+              tensor_parallel_size=args.tensor_parallel_size)
     folder = source if isinstance(source, str) and Path(source).expanduser().is_dir() else None
-    serve_forever(llm, model_name=args.served_model_name or args.model, model_folder=folder, host=args.host,
-                  port=args.port, log_level=args.log_level)
+    with llm:  # (its tensor-parallel workers stopped on the way out)
+        serve_forever(llm, model_name=args.served_model_name or args.model, model_folder=folder, host=args.host,
+                      port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -213,6 +219,8 @@ def check_arguments(args: argparse.Namespace):
         raise CLIError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0; got {args.seed}")
+    if args.tensor_parallel_size < 1:
+        raise CLIError(f"--tensor-parallel-size must be >= 1; got {args.tensor_parallel_size}")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     source = resolve_model(args.model)
     is_folder = isinstance(source, str) and Path(source).expanduser().is_dir()
@@ -231,7 +239,13 @@ def generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     from pagedbench.refengine.engine.llm import LLM
 
-    llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant)
+    llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant,
+              tensor_parallel_size=args.tensor_parallel_size)
+    with llm:
+        return _generate(args, llm, source, params, start)
+
+
+def _generate(args: argparse.Namespace, llm, source, params: SamplingParams, start: float) -> int:
     print(f"loaded in {time.perf_counter() - start:.1f} s; generating {len(args.prompt) + len(args.prompt_ids)} "
           f"prompt(s), up to {args.max_tokens} tokens each", file=sys.stderr, flush=True)
     texts = [chat_prompt(source, llm.tokenizer, p) if args.chat else p for p in args.prompt]

@@ -68,6 +68,22 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _tensor_parallel_size(value: object, model, attention_backend, batch_invariant: bool) -> int:
+    from pagedbench.kernels.device import backend
+    from pagedbench.refengine.parallel.size import check_tensor_parallel_size
+
+    tp = check_tensor_parallel_size(value, is_gpu=backend().is_gpu)
+    if tp > 1 and isinstance(model, LoadedModel):
+        raise InvalidArgumentError("tensor_parallel_size > 1 needs what each rank can load itself (a model folder, "
+                                   "a ModelConfig, a dict or a YAML path), not a LoadedModel")
+    if tp > 1 and not (attention_backend is None or isinstance(attention_backend, str)):
+        raise InvalidArgumentError("tensor_parallel_size > 1 needs the attention backend by name, "
+                                   f"got {type(attention_backend).__name__}")
+    if tp > 1 and batch_invariant:
+        raise InvalidArgumentError("batch_invariant=True does not support tensor_parallel_size > 1")
+    return tp
+
+
 #: kv_cache_dtype names -> the cache's torch dtype ("auto": the model's)
 KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
 #: attention backends that read and write fp8 caches (their launchers quantize and dequantize)
@@ -103,6 +119,13 @@ class LLM:
     ``kv_cache_dtype``: "auto" (the model's dtype) or "fp8_e4m3": K and V stored as float8_e4m3fn with
     per-tensor scales of 1.0 (vLLM's default without calibration), half the bytes of fp16 per token, on
     every built-in attention backend.
+
+    ``tensor_parallel_size=N`` (at most the machine's GPUs, or CPU cores): the model runs on N ranks, each
+    holding a slice of every layer and ``num_key_value_heads / N`` KV heads in a pool of its own with the
+    same block ids (``refengine.parallel``). This process is rank 0 (the scheduler, sampling); ranks
+    1..N-1 are spawned at construction and stopped by :meth:`close` (or ``with LLM(...) as llm``, or at
+    exit). ``model`` must then be what each rank can load itself (not a LoadedModel), and a rank's failure
+    fails the step and every later one with ``TensorParallelError`` naming the rank.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -111,8 +134,11 @@ class LLM:
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
-                 poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto") -> None:
+                 poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
+                 tensor_parallel_size: int = 1) -> None:
         # every argument checked before the model loads
+        self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
+                                                          batch_invariant)
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:
@@ -159,7 +185,13 @@ class LLM:
         if num_blocks is None and kv_cache_memory is None:
             num_blocks = 4 * -(-self.max_model_len // self.block_size)
         cfg = self.config
-        self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.block_size,
+        tp = self.tensor_parallel_size
+        if tp > 1:  # before any worker starts
+            from pagedbench.refengine.parallel.linear import check_shardable
+
+            check_shardable(cfg, tp)
+        # under tensor parallelism this is rank 0's pool: its share of the KV heads (a memory budget is per rank)
+        self.pool = BlockPool(cfg.num_hidden_layers, cfg.num_key_value_heads // tp, cfg.head_dim, self.block_size,
                               kv_dtype, num_blocks=num_blocks, memory_bytes=kv_cache_memory,
                               poison=poison_from_env() if poison_kv_cache is None else bool(poison_kv_cache))
         if watermark_blocks >= self.pool.num_blocks:
@@ -180,8 +212,14 @@ class LLM:
             prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks)
         self.check_invariants = bool(check_invariants)
         self.batch_invariant = bool(batch_invariant)
-        self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
-                                      batch_invariant=self.batch_invariant)
+        if tp == 1:
+            self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
+                                          batch_invariant=self.batch_invariant)
+        else:
+            from pagedbench.refengine.parallel.executor import start_tensor_parallel
+
+            self.executor = start_tensor_parallel(model, self.model, self.pool, self.block_manager,
+                                                  self.block_size, tp, seed=seed)
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator,
                                rewind_generator=self.executor.rewind_generator)
@@ -189,6 +227,19 @@ class LLM:
         self._stop_strings = StopStringWatcher(self.tokenizer)
 
     # --- public ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; also at interpreter exit). The engine
+        cannot step afterwards."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     @property
     def stats(self) -> LLMStats:
         """A frozen snapshot of the KV pool and the engine's counters since construction."""

@@ -14,7 +14,7 @@ import torch
 from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.logprobs import token_logprobs
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
-from pagedbench.refengine.engine.step_inputs import HostBlockTables
+from pagedbench.refengine.engine.step_inputs import HostBlockTables, StepInputs
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
 from pagedbench.refengine.model.sampling import child_generator, rewind_generator, sample_batch
 
@@ -82,16 +82,8 @@ class ModelExecutor:
         step = self.tables.step_inputs(out)
         if self.check_block_tables:
             self.tables.check(out)
+        hidden, meta = self.run_model(step)
         device = self.model.device
-        meta = AttentionMetadata.from_host(
-            block_tables=step.block_tables, seq_lens=step.seq_lens, query_lens=step.query_lens,
-            slot_mapping=step.slot_mapping, device=device, block_size=self.block_size,
-            num_blocks=self.pool.num_blocks, batch_invariant=self.batch_invariant)
-        if self.plan is not None:
-            meta = self.plan(meta, self.block_size)
-        ids = torch.from_numpy(step.input_ids).to(device)
-        pos = torch.from_numpy(step.positions).to(device)
-        hidden = self.model.forward(ids, pos, meta, self.kv_caches)
         chunks = out.chunks
         samplers = [c.seq for c in chunks if c.samples]  # one per logits row
         if not samplers:
@@ -106,6 +98,20 @@ class ModelExecutor:
         if self.logits_hook is not None:
             self.logits_hook([s.seq_id for s in samplers], logits)
         return samplers, logits
+
+    def run_model(self, step: StepInputs) -> tuple[torch.Tensor, AttentionMetadata]:
+        """The model over a step's host arrays: the final hidden states [T, hidden] and the step's metadata
+        (the seam a tensor-parallel executor replaces: there every rank runs its shard)."""
+        device = self.model.device
+        meta = AttentionMetadata.from_host(
+            block_tables=step.block_tables, seq_lens=step.seq_lens, query_lens=step.query_lens,
+            slot_mapping=step.slot_mapping, device=device, block_size=self.block_size,
+            num_blocks=self.pool.num_blocks, batch_invariant=self.batch_invariant)
+        if self.plan is not None:
+            meta = self.plan(meta, self.block_size)
+        ids = torch.from_numpy(step.input_ids).to(device)
+        pos = torch.from_numpy(step.positions).to(device)
+        return self.model.forward(ids, pos, meta, self.kv_caches), meta
 
     def apply_copies(self, out: SchedulerOutput) -> None:
         """Apply the step's copy-on-write copies to the KV pool (before the model runs)."""
