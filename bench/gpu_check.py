@@ -12,7 +12,8 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
 3. ``decode_sweep``: the decode kernel's plans (tiles, warps, pipeline depth, splits)
    timed paged and contiguous (``bench.decode_sweep``), the evidence for the launcher's defaults;
 4. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
-   ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous;
+   ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous, then each step of the same
+   batch split into attention, the rest of the forward and the host (``bench.step_breakdown``);
 5. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
 6. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
    contexts (to 32K), and of GQA groups 12 and 16 (fp16 cases: a GPU path the interpreter cannot reach),
@@ -128,13 +129,14 @@ def check_kernels(out: Path) -> dict:
 
 def check_engine(out: Path) -> dict:
     import torch
+    from pagedbench.bench import step_breakdown
     from pagedbench.refengine import LLM, ModelConfig, SamplingParams
 
     cfg_path = Path(__file__).resolve().parent / "configs" / "models.yaml"
     config = ModelConfig.from_yaml(cfg_path, name="medium")
     prompts = [[(7 * i + j) % config.vocab_size for j in range(64 + 8 * (i % 8))] for i in range(64)]
     params = SamplingParams(max_tokens=128, ignore_eos=True)
-    rows = {}
+    rows, split = {}, {}
     for allocator in ("paged", "contiguous"):
         llm = LLM(config, dtype="bfloat16", allocator=allocator, kv_cache_memory=8 << 30, max_num_seqs=64,
                   max_num_batched_tokens=4096, max_model_len=1024)
@@ -146,11 +148,15 @@ def check_engine(out: Path) -> dict:
         seconds = time.perf_counter() - start
         rows[allocator] = {"seconds": seconds, "output_tokens_per_s": len(prompts) * params.max_tokens / seconds,
                            "kv_memory": type(llm.pool.arrays(0)[0]).__module__}
+        # the same batch again, each step split into attention / rest of forward / host: where a gap lies
+        split[allocator] = step_breakdown.measure(llm, prompts, params, cuda=True)
+        rows[allocator]["breakdown"] = split[allocator].as_dict()
     ratio = rows["paged"]["output_tokens_per_s"] / rows["contiguous"]["output_tokens_per_s"]
+    lines = "; ".join(f"{a}: {b.line()}" for a, b in split.items())
     return {"rows": rows, "paged_over_contiguous_tokens_per_s": ratio, "passed": True,
             "summary": f"paged {rows['paged']['output_tokens_per_s']:.0f} tok/s "
                        f"({rows['paged']['kv_memory']} memory), contiguous "
-                       f"{rows['contiguous']['output_tokens_per_s']:.0f} tok/s, ratio {ratio:.2f}"}
+                       f"{rows['contiguous']['output_tokens_per_s']:.0f} tok/s, ratio {ratio:.2f}; {lines}"}
 
 
 def check_calibration(out: Path) -> dict:
