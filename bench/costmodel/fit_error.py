@@ -16,12 +16,17 @@ model), over every token count Vidur profiled at tensor-parallel degree 1, the r
   (**tile steps**, :func:`pagedbench.bench.costmodel.vidur_curves.step_interpolate`): the error of
   following the profile between the counts it holds, what a simulator pays for a profiled model;
 
-and the held-out GPU: A100's tile fit (and the old fit) on H100, through H100's datasheet roofs.
+and the held-out GPU: A100's tile fit (and the old fit) on H100, through H100's datasheet roofs; and the
+tensor-parallel check: one GPU's share of a layer at TP 2, 4 and 8 (Vidur's ten token counts,
+``bench/data/vidur/mlp_tp_shards.csv``) against the per-GPU roofline the step cost uses at that
+``tensor_parallel_size`` (:mod:`pagedbench.bench.costmodel.rank_shard`, the old fit's coefficients) and
+the tile fit on the per-GPU GEMM shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from pagedbench.bench.costmodel.hardware import load_hardware
 from pagedbench.bench.costmodel.models import load_model
+from pagedbench.bench.costmodel.rank_shard import rank_shard
 from pagedbench.bench.costmodel.tile_fit import GpuTileFit, fit_gpu
 from pagedbench.bench.costmodel.vidur_curves import (
     ALL_TOKENS_CSV,
@@ -43,6 +49,7 @@ from tabulate import tabulate
 
 SCHEMA_VERSION = 1
 GOAL = {"max_abs_error": 0.15, "p90_abs_error": 0.08}
+TP_SHARDS_CSV = ALL_TOKENS_CSV.with_name("mlp_tp_shards.csv")
 HELD_OUT_GPU = ("a100-80gb", "h100-sxm")  # (fitted on, checked on)
 ASSUMPTIONS = (
     "Measured = Vidur's median time of one layer's nine operations outside attention (4 GEMMs, 2 norms, "
@@ -78,6 +85,34 @@ def old_fit_s(curve: LayerCurve, gpu_name: str | None = None) -> np.ndarray:
     gpu, model = load_hardware(gpu_name or curve.gpu), load_model(curve.model)
     points = [layer_point(model, gpu, int(n), 1.0, 1.0) for n in curve.num_tokens]
     return predict_s(points, Derating(gpu.bandwidth_fraction, gpu.compute_fraction, gpu.layer_overhead_s))
+
+
+def rank_roofline_s(model_name: str, gpu_name: str, tensor_parallel_size: int, num_tokens: np.ndarray) -> np.ndarray:
+    """One GPU's layer outside attention as the step cost prices it at ``tensor_parallel_size``."""
+    model, gpu = load_model(model_name), load_hardware(gpu_name)
+    shard = rank_shard(model, tensor_parallel_size)
+    t = num_tokens.astype(np.float64)
+    mem = (shard.linear_params_per_layer + shard.gemm_io_elements_per_token_per_layer * t) * model.dtype_bytes
+    return gpu.layer_overhead_s + np.maximum(mem / gpu.achievable_bandwidth_bytes_per_s,
+                                             2 * shard.linear_params_per_layer * t / gpu.achievable_flops_per_s)
+
+
+def tensor_parallel_rows(fits: dict[str, GpuTileFit], path: Path = TP_SHARDS_CSV) -> list[dict]:
+    """Per (GPU, model, TP): the per-GPU roofline's and the tile fit's error on Vidur's TP profiles."""
+    with path.open() as f:
+        raw = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for r in raw:
+        groups.setdefault((r["gpu"], r["model"], int(r["tensor_parallel_size"])), []).append(r)
+    rows = []
+    for (gpu, model, tp), rs in sorted(groups.items()):
+        n = np.array([int(r["num_tokens"]) for r in rs])
+        y = np.array([float(r["layer_ms"]) for r in rs]) * 1e-3
+        rows.append({"gpu": gpu, "model": model, "tensor_parallel_size": tp,
+                     "step_cost_roofline": error_stats(rank_roofline_s(model, gpu, tp, n), y, n),
+                     "tile_fit": error_stats(fits[gpu].layer_time_s(load_model(model), load_hardware(gpu), n, tp),
+                                             y, n)})
+    return rows
 
 
 def tile_fit_s(fit: GpuTileFit, curve: LayerCurve, gpu_name: str | None = None) -> np.ndarray:
@@ -143,6 +178,7 @@ def fit_error(csv_path: Path = ALL_TOKENS_CSV) -> dict:
                      for gpu, g in ((name, load_hardware(name)) for name in gpus)},
         "rows": rows,
         "held_out_gpu": {"fitted_on": fitted_on, "checked_on": checked_on, "rows": held_out},
+        "tensor_parallel": tensor_parallel_rows(fits),
     }
 
 
@@ -188,6 +224,12 @@ def markdown(record: dict) -> str:
                   tablefmt="github").splitlines(), "",
         f"## Held-out GPU: {held['fitted_on']}'s fits on {held['checked_on']} (its datasheet roofs)", "",
         *tabulate(held_rows, headers=["model", "points", "old fit", "tile fit"], tablefmt="github").splitlines(), "",
+        "## Tensor parallelism: one GPU's share of a layer vs Vidur's TP profiles (ten token counts)", "",
+        "The step cost's per-GPU roofline at that tensor_parallel_size (rank_shard, old fit's coefficients) "
+        "and the tile fit on the per-GPU GEMM shapes (all-reduces not included: Vidur times them apart).", "",
+        *tabulate([[r["gpu"], r["model"], r["tensor_parallel_size"], _cell(r["step_cost_roofline"]),
+                    _cell(r["tile_fit"])] for r in record.get("tensor_parallel", [])],
+                  headers=["gpu", "model", "tp", "step-cost roofline", "tile fit"], tablefmt="github").splitlines(), "",
         "## Tile fit coefficients (per GPU, fitted on every token count of every profiled model)", "",
         *_fit_table(record), "",
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",

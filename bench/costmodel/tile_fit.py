@@ -71,7 +71,8 @@ class GpuTileFit:
         t = np.asarray(num_tokens, dtype=np.float64)
         if t.size and t.min() < 1:
             raise ValueError(f"token counts must be >= 1, got {t.min():g}")
-        total = self.other_fixed_s + self.other_s_per_element * t * elementwise_elements_per_token(model)
+        total = self.other_fixed_s + self.other_s_per_element * t * elementwise_elements_per_token(
+            model, tensor_parallel_size)
         for fit, (k, n) in zip(self.gemms, gemm_shapes(model, tensor_parallel_size)):
             mem, comp = gemm_roofs(k, n, t, fit.tile_m, model.dtype_bytes, hardware)
             total = total + fit.time_s(mem, comp)
@@ -93,12 +94,13 @@ def gemm_shapes(model: ModelProfile, tensor_parallel_size: int = 1) -> list[tupl
     return [(h, q + 2 * kv), (q, h), (h, up), (s.intermediate_size, h)]
 
 
-def elementwise_elements_per_token(model: ModelProfile) -> int:
-    """Elements the layer's non-GEMM operations read and write per token: two norms (h in, h out each),
-    rotary (q and k in and out), the activation (up output in, intermediate out), the residual add (2h in,
-    h out)."""
-    h, i = model.hidden_size, model.intermediate_size
-    q, kv = model.num_attention_heads * model.head_dim, model.num_key_value_heads * model.head_dim
+def elementwise_elements_per_token(model: ModelProfile, tensor_parallel_size: int = 1) -> int:
+    """Elements the layer's non-GEMM operations read and write per token on one GPU: two norms (h in, h out
+    each) and the residual add (2h in, h out) on the whole hidden width; rotary (q and k in and out) and
+    the activation (up output in, intermediate out) on the GPU's heads and MLP columns."""
+    s = rank_shard(model, tensor_parallel_size)
+    h, i = model.hidden_size, s.intermediate_size
+    q, kv = s.num_attention_heads * model.head_dim, s.num_key_value_heads * model.head_dim
     return 2 * 2 * h + 2 * (q + kv) + ((2 if model.gated_mlp else 1) * i + i) + 3 * h
 
 

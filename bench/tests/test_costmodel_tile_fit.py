@@ -140,3 +140,23 @@ def test_tile_fit_beats_the_old_fit_in_sample_and_model_held_out(curves, tmp_pat
     paths = write_record(record, tmp_path / "out")
     assert json.loads(paths[0].read_text())["rows"][0]["model"] == "llama-2-70b"
     assert "| a100-80gb | llama-2-70b |" in paths[1].read_text()
+
+
+def test_tensor_parallel_check_prices_one_gpus_share(curves):
+    from pagedbench.bench.costmodel.fit_error import TP_SHARDS_CSV, rank_roofline_s, tensor_parallel_rows
+
+    c = curves["a100-80gb", "llama-2-70b"]
+    # at tp=1 the per-GPU roofline is the old fit itself
+    assert np.allclose(rank_roofline_s("llama-2-70b", "a100-80gb", 1, c.num_tokens), old_fit_s(c), rtol=1e-12)
+    # at tp=4, by hand: 16 of 64 heads (2048 wide), 2 of 8 KV heads (256), 7168 of 28672 MLP columns
+    gpu, h, q, kv, i, t = load_hardware("a100-80gb"), 8192, 2048, 256, 7168, 512
+    params = h * (q + 2 * kv) + q * h + 3 * h * i
+    io = (h + q + 2 * kv) + (q + h) + (h + 2 * i) + (i + h)
+    want = gpu.layer_overhead_s + max((params + io * t) * 2 / gpu.achievable_bandwidth_bytes_per_s,
+                                      2 * params * t / gpu.achievable_flops_per_s)
+    assert rank_roofline_s("llama-2-70b", "a100-80gb", 4, np.array([t]))[0] == pytest.approx(want, rel=1e-12)
+    fits = {"a100-80gb": fit_gpu([curves["a100-80gb", m] for m in ("llama-2-70b", "qwen-72b")]),
+            "h100-sxm": fit_gpu([curves["h100-sxm", m] for m in ("llama-2-70b", "qwen-72b")])}
+    rows = tensor_parallel_rows(fits, TP_SHARDS_CSV)
+    assert {r["tensor_parallel_size"] for r in rows} == {2, 4, 8}
+    assert all(r["step_cost_roofline"]["num_points"] == 10 for r in rows)
