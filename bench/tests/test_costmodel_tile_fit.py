@@ -155,6 +155,8 @@ def test_tensor_parallel_check_prices_one_gpus_share(curves):
     want = gpu.layer_overhead_s + max((params + io * t) * 2 / gpu.achievable_bandwidth_bytes_per_s,
                                       2 * params * t / gpu.achievable_flops_per_s)
     assert rank_roofline_s("llama-2-70b", "a100-80gb", 4, np.array([t]))[0] == pytest.approx(want, rel=1e-12)
+    # norms and the residual add stay whole on every GPU; rotary and the activation are the GPU's share
+    assert elementwise_elements_per_token(load_model("llama-2-70b"), 4) == 4 * h + 2 * (q + kv) + 3 * i + 3 * h
     fits = {"a100-80gb": fit_gpu([curves["a100-80gb", m] for m in ("llama-2-70b", "qwen-72b")]),
             "h100-sxm": fit_gpu([curves["h100-sxm", m] for m in ("llama-2-70b", "qwen-72b")])}
     rows = tensor_parallel_rows(fits, TP_SHARDS_CSV)
