@@ -15,9 +15,9 @@ from pagedbench.bench.costmodel.hardware import HardwareProfile, load_hardware
 from pagedbench.bench.costmodel.kv_slots import KvSlotBudget, kv_slot_budget
 from pagedbench.bench.costmodel.models import ModelProfile, load_model
 from pagedbench.bench.costmodel.profile_fields import ProfileError
-from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel
+from pagedbench.bench.costmodel.step_cost import StepBatch, StepCostModel, TensorParallelStepCost
 
 __all__ = [
     "HardwareProfile", "KvSlotBudget", "ModelProfile", "ProfileError", "StepBatch", "StepCostModel",
-    "StepSample", "fit_profile", "kv_slot_budget", "load_hardware", "load_model",
+    "StepSample", "TensorParallelStepCost", "fit_profile", "kv_slot_budget", "load_hardware", "load_model",
 ]

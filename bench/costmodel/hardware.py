@@ -2,7 +2,8 @@
 
 The roofs (bandwidth, dense FLOP/s, memory) are datasheet figures; the achievable fractions and the
 overheads are measured (:mod:`pagedbench.bench.costmodel.vidur_fit` fits them on A100 linear-layer profiles);
-the price is a user-editable assumption used only for cost-per-token figures.
+the price is a user-editable assumption used only for cost-per-token figures; ``all_reduce_network`` names
+the node type whose measured all-reduces price tensor parallelism (:mod:`pagedbench.bench.costmodel.all_reduce`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagedbench.bench.costmodel.all_reduce_extract import NETWORKS
 from pagedbench.bench.costmodel.profile_fields import (
     FieldSpec,
     fraction,
@@ -37,6 +39,9 @@ class HardwareProfile:
     layer_overhead_s: float  # fixed cost per transformer layer (kernel launches, tails)
     step_overhead_s: float  # fixed cost per serving step (scheduling, sampling, launch)
     price_per_gpu_hour_usd: float  # an assumption, see the YAML comment
+    # the node type whose measured all-reduces price tensor parallelism (a row set of
+    # bench/data/vidur/all_reduce.csv); None: not measured, tensor_parallel_size > 1 is refused
+    all_reduce_network: str | None = None
 
     @property
     def achievable_bandwidth_bytes_per_s(self) -> float:
@@ -58,6 +63,7 @@ _SPECS = {
     "layer_overhead_s": non_negative(float),
     "step_overhead_s": non_negative(float),
     "price_per_gpu_hour_usd": non_negative(float),
+    "all_reduce_network": one_of(*NETWORKS, "none"),
 }
 
 
@@ -69,7 +75,8 @@ def load_hardware(name: str, directory: Path = HARDWARE_DIR) -> HardwareProfile:
     if fields["name"] != name:
         # A copied file whose name was not updated would silently report the wrong GPU.
         raise read.error(path, "name", f"expected {name!r} (the file name), got {fields['name']!r}")
-    return HardwareProfile(**fields)
+    network = fields.pop("all_reduce_network")
+    return HardwareProfile(**fields, all_reduce_network=None if network == "none" else network)
 
 
 def hardware_names(directory: Path = HARDWARE_DIR) -> list[str]:

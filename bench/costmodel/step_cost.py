@@ -16,14 +16,23 @@ of its memory time and its compute time, at the achievable (derated) roofs::
 by :func:`pagedbench.bench.costmodel.calibration.fit_profile`), so :meth:`StepCostModel.step_time_s` is a few
 arithmetic operations per step plus one per prefill chunk: a serving simulator can call it millions of
 times. An empty step costs nothing.
+
+Tensor parallelism (``from_profiles(..., tensor_parallel_size=N)``): the coefficients become one GPU's
+share (:mod:`pagedbench.bench.costmodel.rank_shard`) and :class:`TensorParallelStepCost` adds
+``+ 2 x layers x all_reduce(T x hidden x dtype bytes)`` from measured all-reduce times.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedbench.bench.costmodel.all_reduce import AllReduceDataError, interpolate_log_log, load_all_reduce
 from pagedbench.bench.costmodel.hardware import HardwareProfile
 from pagedbench.bench.costmodel.models import ModelProfile
+from pagedbench.bench.costmodel.rank_shard import rank_shard
+
+#: Megatron-style tensor parallelism sums partial outputs twice a layer: after o_proj and after the MLP's down
+ALL_REDUCES_PER_LAYER = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,27 +88,46 @@ class StepCostModel:
 
     @classmethod
     def from_profiles(cls, model: ModelProfile, hardware: HardwareProfile,
-                      kv_cache_dtype: str = "auto") -> StepCostModel:
+                      kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> StepCostModel:
         """The roofline of ``model`` on ``hardware`` at its achievable fractions; attention streams KV
-        stored as ``kv_cache_dtype`` (``ModelProfile.kv_bytes_per_token_as``)."""
+        stored as ``kv_cache_dtype`` (``ModelProfile.kv_bytes_per_token_as``).
+
+        At ``tensor_parallel_size`` N > 1 the model is sharded over N such GPUs
+        (:mod:`pagedbench.bench.costmodel.rank_shard`): every coefficient is one GPU's share, and the
+        returned :class:`TensorParallelStepCost` adds two all-reduces per layer priced from the measured
+        table of the hardware's ``all_reduce_network`` (:mod:`pagedbench.bench.costmodel.all_reduce`).
+        ValueError if the heads, KV heads or MLP do not split over N, or no all-reduce was measured for
+        that GPU at N GPUs."""
+        shard = rank_shard(model, tensor_parallel_size, kv_cache_dtype)
+        tp = shard.tensor_parallel_size
         bw = hardware.achievable_bandwidth_bytes_per_s
         flops = hardware.achievable_flops_per_s
         layers, dtype = model.num_hidden_layers, model.dtype_bytes
-        linear_params = layers * model.linear_params_per_layer
-        q_width = model.num_attention_heads * model.head_dim
+        linear_params = layers * shard.linear_params_per_layer
+        q_width = shard.num_attention_heads * model.head_dim
         attn_flops_per_pair = 4 * q_width * layers  # QK^T and PV: 2 FLOPs per multiply-add, per head dim
-        kv_bytes = model.kv_bytes_per_token_as(kv_cache_dtype)
-        return cls(
-            label=f"{model.name} on {hardware.name}",
+        kv_bytes = shard.kv_bytes_per_token
+        coefficients = dict(
+            label=f"{model.name} on {hardware.name}" + (f" x {tp} (tp={tp})" if tp > 1 else ""),
             fixed_s=hardware.step_overhead_s + layers * hardware.layer_overhead_s,
-            linear_weights_s=(linear_params + model.lm_head_params) * dtype / bw,
-            linear_mem_s_per_token=layers * model.gemm_io_elements_per_token_per_layer * dtype / bw,
+            linear_weights_s=(linear_params + shard.lm_head_params) * dtype / bw,
+            linear_mem_s_per_token=layers * shard.gemm_io_elements_per_token_per_layer * dtype / bw,
             linear_compute_s_per_token=2 * linear_params / flops,
-            lm_head_s_per_sampled_token=2 * model.lm_head_params / flops,
+            lm_head_s_per_sampled_token=2 * shard.lm_head_params / flops,
             decode_attn_s_per_context_token=max(kv_bytes / bw, attn_flops_per_pair / flops),
             prefill_attn_s_per_kv_token=kv_bytes / bw,
             prefill_attn_s_per_pair=attn_flops_per_pair / flops,
         )
+        if tp == 1:
+            return StepCostModel(**coefficients)
+        try:
+            table = load_all_reduce(hardware.all_reduce_network, tp)
+        except AllReduceDataError as e:
+            raise AllReduceDataError(f"{hardware.name} at tensor_parallel_size={tp}: {e}") from None
+        return TensorParallelStepCost(
+            **coefficients, tensor_parallel_size=tp, num_all_reduces=ALL_REDUCES_PER_LAYER * layers,
+            all_reduce_bytes_per_token=model.hidden_size * dtype, all_reduce_sizes_bytes=table.sizes_bytes,
+            all_reduce_times_s=table.times_s)
 
     def step_time_s(self, batch: StepBatch) -> float:
         """Seconds for ``batch``; 0.0 for an empty one."""
@@ -128,3 +156,34 @@ class StepCostModel:
             pair_s = per_pair * q * (ctx + 0.5 * (q + 1))
             t += kv_s if kv_s > pair_s else pair_s
         return t
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallelStepCost(StepCostModel):
+    """:class:`StepCostModel` of one GPU of a tensor-parallel group, plus its all-reduces.
+
+    A non-empty step adds ``num_all_reduces`` all-reduces of ``num_tokens x all_reduce_bytes_per_token``
+    bytes each, priced by log-log interpolation in the measured ``(all_reduce_sizes_bytes,
+    all_reduce_times_s)`` rows (:func:`pagedbench.bench.costmodel.all_reduce.interpolate_log_log`). Not
+    counted (as in Vidur): the vocabulary-parallel embedding's all-reduce and the logits' gather.
+    """
+
+    tensor_parallel_size: int
+    num_all_reduces: int  # per step: ALL_REDUCES_PER_LAYER x layers
+    all_reduce_bytes_per_token: int  # hidden_size x dtype bytes: one token's residual stream
+    all_reduce_sizes_bytes: tuple[float, ...]  # the measured table's rows, ascending
+    all_reduce_times_s: tuple[float, ...]
+
+    def all_reduce_s(self, num_tokens: int) -> float:
+        """Seconds of the step's all-reduces for ``num_tokens`` tokens (0 for none)."""
+        if num_tokens == 0:
+            return 0.0
+        size = num_tokens * self.all_reduce_bytes_per_token
+        return self.num_all_reduces * interpolate_log_log(self.all_reduce_sizes_bytes, self.all_reduce_times_s, size)
+
+    def time_from_totals_s(self, num_tokens: int, num_sampled: int, decode_context_tokens: int,
+                           prefill_chunks: tuple[tuple[int, int], ...] = ()) -> float:
+        # a slotted dataclass is a new class, so zero-argument super() would not find it: name the base
+        compute_s = StepCostModel.time_from_totals_s(self, num_tokens, num_sampled, decode_context_tokens,
+                                                     prefill_chunks)
+        return compute_s + self.all_reduce_s(num_tokens)

@@ -11,8 +11,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench.costmodel.hardware import load_hardware
-from pagedbench.bench.costmodel.models import load_model
+from pagedbench.bench.costmodel.hardware import HardwareProfile, load_hardware
+from pagedbench.bench.costmodel.models import ModelProfile, load_model
 
 VIDUR_CSV = Path(__file__).resolve().parent.parent / "data" / "vidur" / "mlp_tp1.csv"
 #: one layer's operations outside attention, as Vidur names them (each a column ``<op>_ms``)
@@ -52,14 +52,20 @@ def load_points(path: Path = VIDUR_CSV) -> list[LayerTimePoint]:
     gpus = {name: load_hardware(name) for name in {row["gpu"] for row in rows}}
     points = []
     for row in rows:
-        model, gpu, n = models[row["model"]], gpus[row["gpu"]], int(row["num_tokens"])
-        bw, peak, dtype = gpu.hbm_bandwidth_bytes_per_s, gpu.dense_flops_per_s, model.dtype_bytes
-        points.append(LayerTimePoint(
-            gpu=gpu.name, model=model.name, num_tokens=n,
-            measured_s=sum(float(row[f"{op}_ms"]) for op in LAYER_OPS) * 1e-3,
-            gemm_measured_s=sum(float(row[f"{op}_ms"]) for op in GEMM_OPS) * 1e-3,
-            weights_mem_s=model.linear_params_per_layer * dtype / bw,
-            activations_mem_s=model.gemm_io_elements_per_token_per_layer * n * dtype / bw,
-            compute_s=2 * model.linear_params_per_layer * n / peak,
-        ))
+        points.append(layer_point(models[row["model"]], gpus[row["gpu"]], int(row["num_tokens"]),
+                                  sum(float(row[f"{op}_ms"]) for op in LAYER_OPS) * 1e-3,
+                                  sum(float(row[f"{op}_ms"]) for op in GEMM_OPS) * 1e-3))
     return points
+
+
+def layer_point(model: ModelProfile, gpu: HardwareProfile, num_tokens: int, measured_s: float,
+                gemm_measured_s: float) -> LayerTimePoint:
+    """A measured layer with its roofline terms at ``gpu``'s datasheet roofs."""
+    bw, peak, dtype = gpu.hbm_bandwidth_bytes_per_s, gpu.dense_flops_per_s, model.dtype_bytes
+    return LayerTimePoint(
+        gpu=gpu.name, model=model.name, num_tokens=num_tokens, measured_s=measured_s,
+        gemm_measured_s=gemm_measured_s,
+        weights_mem_s=model.linear_params_per_layer * dtype / bw,
+        activations_mem_s=model.gemm_io_elements_per_token_per_layer * num_tokens * dtype / bw,
+        compute_s=2 * model.linear_params_per_layer * num_tokens / peak,
+    )
