@@ -1,0 +1,29 @@
+"""PagedBench's benchmark harness: the studies behind ``make bench`` (``python -m pagedbench.bench``).
+
+- ``common/``: what every study shares: result records, the environment record, progress, step timing,
+  serving metrics, SLOs, the sweep runner.
+- ``workloads/``: requests and their length distributions, trace formats, arrivals, spans of a trace.
+- ``sim/``: the serving simulator (the real scheduler and KV managers on a simulated clock) and the method
+  of a serving point (settings, points, capacity searches).
+- ``costmodel/``: the step-cost model of a GPU and its calibration.
+- ``studies/<study>/``: each study's runner, config and report together. Studies import the core above;
+  the core imports no study, and no study imports another.
+- ``gpu_check``, ``compare``, ``prepare_model``, ``loadgen``: the commands that are not studies.
+
+The flat module paths of earlier versions (``pagedbench.bench.serving_sim``, ``.records``...) still import,
+and those that ran still run (``python -m pagedbench.bench.compile_check``): they are aliases of the modules'
+new homes (:mod:`pagedbench.bench.module_aliases`).
+"""
+
+from __future__ import annotations
+
+from pagedbench.bench.module_aliases import install
+
+#: module paths of the flat layout -> where each module lives now
+MOVED_MODULES = {
+    "environment": "common.environment", "records": "common.records", "progress": "common.progress",
+    "step_timing": "common.step_timing", "serving_metrics": "common.serving_metrics", "slo": "common.slo",
+    "sweep_runner": "common.sweep_runner",
+}
+
+install(__name__, MOVED_MODULES)

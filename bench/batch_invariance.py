@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 from pagedbench.bench.engine_vs_hf import MODELS, SMOLLM2_DIR
 from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.model.config import ModelConfig

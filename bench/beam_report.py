@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
 

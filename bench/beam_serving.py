@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, sweep_runner
 from pagedbench.bench.capacity_search import ratio_estimate
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.group_replay import GroupSpec
 from pagedbench.bench.serving_config import Dataset, Setting
@@ -122,7 +122,7 @@ def _search_job(args) -> dict:
 def run_study(cfg: BeamServingConfig, trajectories: dict[int, tuple], *, progress: bool = True,
               address: str | None = None) -> dict:
     """Every search of ``cfg`` on ``cfg.workers`` local processes, or on the Ray cluster at ``address`` (or
-    ``RAY_ADDRESS``; :mod:`pagedbench.bench.sweep_runner`)."""
+    ``RAY_ADDRESS``; :mod:`pagedbench.bench.common.sweep_runner`)."""
     setting, dataset = cfg.setting, Dataset(cfg.dataset, cfg.dataset)
     slots = kv_slot_budget(load_model(cfg.model), load_hardware(cfg.hardware), cfg.gpu_memory_utilization)
     rate = low_load_rate(setting, dataset, cfg.max_seq_len)

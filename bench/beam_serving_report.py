@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedbench.bench import records
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common import records
+from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
 PLOT = "beam_serving.png"

@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, workloads
+from pagedbench.bench import workloads
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 from pagedbench.bench.serving_sim import sharing_saving
 from pagedbench.refengine import BlockManager
 

@@ -48,9 +48,9 @@ from pagedbench.bench.calibrate_steps import (
     samples_of,
 )
 from pagedbench.bench.calibrate_validation import validate
+from pagedbench.bench.common.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
-from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 
 ASSUMPTIONS = (
     "Step time = fixed + c x tokens + h x sampled sequences + a x sum of decode context lengths "

@@ -43,14 +43,14 @@ from pagedbench.bench.arrivals import arrival_times
 from pagedbench.bench.calibrate_config import CONFIG, EngineSpec, load_config, load_engine_model
 from pagedbench.bench.calibrate_steps import build_engine, calibration_steps, fit, step_batch
 from pagedbench.bench.calibrate_validation import serve_simulated
+from pagedbench.bench.common.environment import RESULTS_DIR, SCHEMA_VERSION, environment
+from pagedbench.bench.common.records import write_json, write_text
+from pagedbench.bench.common.serving_metrics import RequestTiming
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
-from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.bench.online_compare import compare_runs
 from pagedbench.bench.online_report import render_markdown
-from pagedbench.bench.records import write_json, write_text
-from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.throughput_study import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
 _TERM_UNITS = {

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pagedbench.bench.environment import environment
-from pagedbench.bench.records import write_json, write_text
+from pagedbench.bench.common.environment import environment
+from pagedbench.bench.common.records import write_json, write_text
 
 
 def render(env: dict, arch: int, rows: list[dict]) -> str:

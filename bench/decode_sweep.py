@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from pagedbench.bench import kernel_study, records
-from pagedbench.bench.environment import environment, environment_markdown
+from pagedbench.bench import kernel_study
+from pagedbench.bench.common import records
+from pagedbench.bench.common.environment import environment, environment_markdown
 from pagedbench.kernels import attention, device, reference
 from tabulate import tabulate
 

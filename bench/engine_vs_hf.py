@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pagedbench.bench import records as result_files
+from pagedbench.bench.common import records as result_files
+from pagedbench.bench.common.environment import RESULTS_DIR, environment
+from pagedbench.bench.common.step_timing import timed_steps
 from pagedbench.bench.engine_vs_hf_report import write_markdown
-from pagedbench.bench.environment import RESULTS_DIR, environment
-from pagedbench.bench.step_timing import timed_steps
 from pagedbench.bench.workloads import synthetic
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
 

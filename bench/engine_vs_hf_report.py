@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedbench.bench import records as result_files
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common import records as result_files
+from pagedbench.bench.common.environment import environment_markdown
 
 
 def result_line(r: dict) -> str:

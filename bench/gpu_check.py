@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"gpu-check: {device}: nothing checked. Run `make gpu-check` on a machine with an NVIDIA GPU.")
         return 2
-    from pagedbench.bench import records
-    from pagedbench.bench.environment import environment
+    from pagedbench.bench.common import records
+    from pagedbench.bench.common.environment import environment
 
     start = time.perf_counter()
     records.write_json(args.out / "environment.json", environment())

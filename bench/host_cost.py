@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from pagedbench.bench import environment as env_mod
 from pagedbench.bench import host_cost_peers, workloads
-from pagedbench.bench import records as result_files
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records as result_files
 from tabulate import tabulate
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "host_cost.yaml"

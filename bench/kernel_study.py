@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import yaml
 from pagedbench import kernels
-from pagedbench.bench import records
-from pagedbench.bench.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
-from pagedbench.bench.progress import progress_enabled
+from pagedbench.bench.common import records
+from pagedbench.bench.common.environment import RESULTS_DIR, SCHEMA_VERSION, environment, environment_markdown
+from pagedbench.bench.common.progress import progress_enabled
 from pagedbench.kernels import device, reference
 from tabulate import tabulate
 

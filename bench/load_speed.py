@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 from pagedbench.bench.engine_vs_hf import SMOLLM2_DIR
 from tabulate import tabulate
 

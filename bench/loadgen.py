@@ -14,7 +14,7 @@ parameter, the default), ``min_tokens`` (ours and vLLM's), or nothing (``--lengt
 Only the HTTP API is used, so the same command drives vLLM or SGLang. Per request it records when it
 was sent and when each streamed token arrived (a chunk's time for each token it carries: the
 ``token_ids`` field when the server sends one, else one token per non-empty chunk), and derives the
-serving study's metrics with its definitions and key names (:mod:`pagedbench.bench.serving_metrics`:
+serving study's metrics with its definitions and key names (:mod:`pagedbench.bench.common.serving_metrics`:
 TTFT, TPOT without the first token, ITL, E2E; the send time is the arrival). Queueing delay is not
 observable from a client: its keys are left out. A request that gets an HTTP error, a broken stream or
 a time-out is *failed*: counted and listed apart, never in the latencies. Offered rate (the schedule's
@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, trace_formats
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench.serving_metrics import RequestTiming, request_metrics, summarize
+from pagedbench.bench import arrivals, trace_formats
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
+from pagedbench.bench.common.serving_metrics import RequestTiming, request_metrics, summarize
 from pagedbench.bench.workloads import Request
 
 LENGTH_CONTROLS = ("ignore_eos", "min_tokens", "none")

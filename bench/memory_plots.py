@@ -8,7 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from pagedbench.bench import records
+from pagedbench.bench.common import records
 from pagedbench.bench.memory_report import find_run
 
 

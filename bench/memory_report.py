@@ -6,7 +6,7 @@ figure is written by hand except the paper's, which are data below (``PAPER``).
 
 from __future__ import annotations
 
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
 #: The vLLM paper's figures (see /work/shared/ANCHORS.md); shares in percent.

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, workloads
+from pagedbench.bench import workloads
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
+from pagedbench.bench.common.progress import progress_enabled
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
-from pagedbench.bench.progress import progress_enabled
 from pagedbench.bench.serving_points import step_time_fn
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
 from tqdm import tqdm
@@ -128,7 +129,7 @@ def run_record(w: WorkloadSpec, spec: AllocatorSpec, r: SimResult, wall_s: float
 
 def run_study(cfg: StudyConfig, *, progress: bool | None = None) -> dict:
     """Every simulation of the study; returns the JSON document (without the environment).
-    ``progress``: draw a bar (None: on a terminal, see :mod:`bench.progress`)."""
+    ``progress``: draw a bar (None: on a terminal, see :mod:`bench.common.progress`)."""
     if progress is None:
         progress = progress_enabled()
     jobs = [(w, spec) for w in cfg.workloads for spec in allocators(cfg)]

@@ -1,6 +1,6 @@
 """Comparing served requests' latencies: the simulator against two real runs of the same arrivals.
 
-For each of TTFT, TPOT and E2E (:mod:`bench.serving_metrics`' definitions) and each request, the
+For each of TTFT, TPOT and E2E (:mod:`bench.common.serving_metrics`' definitions) and each request, the
 simulator's value is compared with the mean of the two real runs' (relative error), beside the two real
 runs' own spread (``|a - b| / mean``), which is the machine's noise. The distributions are compared by
 p50/p90/p99 (relative error, and the real runs' spread of the same percentile) and by the two-sample
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from pagedbench.bench.serving_metrics import RequestMetrics, RequestTiming, request_metrics
+from pagedbench.bench.common.serving_metrics import RequestMetrics, RequestTiming, request_metrics
 
 METRICS = ("ttft", "tpot", "e2el")
 QUANTILES = (0.5, 0.9, 0.99)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common.environment import environment_markdown
 
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2E"}
 

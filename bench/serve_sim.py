@@ -14,7 +14,7 @@ rate of the sweep whose mean normalized latency stays under the SLO (a multiple 
 the serving study's overload rule). Writes ``serve_sim.{md,json,png}`` to the folder it names.
 
 Points are pure functions of their inputs, cached by hash under ``.cache/serve_sim/``, run on local
-processes or on Ray (``--address`` or ``RAY_ADDRESS``: :mod:`pagedbench.bench.sweep_runner`).
+processes or on Ray (``--address`` or ``RAY_ADDRESS``: :mod:`pagedbench.bench.common.sweep_runner`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, serve_sim_report, serving_sim, sweep_runner, trace_formats
-from pagedbench.bench import environment as env_mod
+from pagedbench.bench import arrivals, serve_sim_report, serving_sim, trace_formats
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 from tabulate import tabulate
 
 

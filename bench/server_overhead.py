@@ -36,8 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 
 SMOLLM2 = env_mod.REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 

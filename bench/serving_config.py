@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 from pagedbench.bench import trace_formats, workloads
+from pagedbench.bench.common.slo import PRESETS, SLOError, parse_slo
 from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
 from pagedbench.bench.serving_sim import AllocatorSpec
-from pagedbench.bench.slo import PRESETS, SLOError, parse_slo
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "serving.yaml"
 _KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",

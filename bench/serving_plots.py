@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pagedbench.bench import records
+from pagedbench.bench.common import records
 
 PAPER_PANEL = ("opt-13b@a100-40gb", "sharegpt")
 PAPER_TEXT = "paper (paged / Orca):\nOracle 1.7–2.7×, Max 2.7–8×"

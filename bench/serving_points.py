@@ -3,8 +3,8 @@
 :func:`run_point` draws the arrivals of a span (Poisson at ``rate`` over ``span_s`` simulated seconds),
 serves them with :func:`pagedbench.bench.serving_sim.simulate` on the cost model's step times, and
 returns one flat record: the overload test, offered and achieved rates, the field's metrics over the
-measured requests (``vllm bench serve``'s keys, :mod:`pagedbench.bench.serving_metrics`), each SLO's
-attainment and ``request_goodput`` (:mod:`pagedbench.bench.slo`), the pool's peak use and, with
+measured requests (``vllm bench serve``'s keys, :mod:`pagedbench.bench.common.serving_metrics`), each SLO's
+attainment and ``request_goodput`` (:mod:`pagedbench.bench.common.slo`), the pool's peak use and, with
 ``account``, the memory shares. It runs in a worker process; finished points are cached under
 ``.cache/serving/`` by a hash of everything that decides them (``SIM_VERSION`` included).
 """
@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, trace_formats, trace_spans, workloads
+from pagedbench.bench import trace_formats, trace_spans, workloads
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
+from pagedbench.bench.common.serving_metrics import request_metrics, summarize
+from pagedbench.bench.common.slo import attainment, parse_slo, request_goodput, slo_met
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.group_replay import GroupSpec
 from pagedbench.bench.serving_config import Dataset, Setting
-from pagedbench.bench.serving_metrics import request_metrics, summarize
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.slo import attainment, parse_slo, request_goodput, slo_met
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serving"  # PAGEDBENCH_SERVING_CACHE overrides it
 SIM_VERSION = 2  # bump when the simulator's behaviour changes: cached points are then recomputed

@@ -10,9 +10,9 @@ from pagedbench.bench.capacity_search import (
     paired_verdict,
     ratio_estimate,
 )
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common.environment import environment_markdown
+from pagedbench.bench.common.slo import parse_slo
 from pagedbench.bench.serving_plots import plot, plot_names
-from pagedbench.bench.slo import parse_slo
 from tabulate import tabulate
 
 __all__ = ["markdown", "plot"]

@@ -62,8 +62,8 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from pagedbench.bench.common.serving_metrics import RequestTiming
 from pagedbench.bench.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager, RowExecutor
-from pagedbench.bench.serving_metrics import RequestTiming
 from pagedbench.bench.sim_fast_forward import FastForward
 from pagedbench.bench.sim_records import AllocatorSpec, Overload, Shares, SimConfig, SimResult, StepRecord
 from pagedbench.bench.workloads import Request

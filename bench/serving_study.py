@@ -9,7 +9,7 @@ and capacities are searched (:mod:`pagedbench.bench.capacity_search`):
 
 - at each latency threshold: the highest rate whose normalized latency (mean E2E / output tokens, the
   paper's metric) stays below threshold x the low-load value;
-- at each SLO (:mod:`pagedbench.bench.slo`): the highest rate at which the SLO holds (DistServe's goodput);
+- at each SLO (:mod:`pagedbench.bench.common.slo`): the highest rate at which the SLO holds (DistServe's goodput);
 
 a point that is overloaded (its backlog grew across the measured window by more than ``overload_z``
 standard deviations of its arrivals: :mod:`pagedbench.bench.serving_sim`) fails every criterion, so no
@@ -28,9 +28,10 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, serving_precision, sweep_runner, trace_spans, workloads
-from pagedbench.bench import environment as env_mod
+from pagedbench.bench import arrivals, serving_precision, trace_spans, workloads
 from pagedbench.bench.capacity_search import find_capacity, relative_half_width
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.serving_config import CONFIG, Dataset, Setting, StudyConfig, load_config
 from pagedbench.bench.serving_points import SIM_VERSION, Method, Point, cost_model, run_point
@@ -201,7 +202,7 @@ def _low_key(p: Point) -> tuple:
 
 def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = None) -> dict:
     """Every point of ``cfg`` (module docstring) on ``cfg.workers`` local processes, or on the Ray cluster at
-    ``address`` (or ``RAY_ADDRESS``; :mod:`pagedbench.bench.sweep_runner`)."""
+    ``address`` (or ``RAY_ADDRESS``; :mod:`pagedbench.bench.common.sweep_runner`)."""
     slots = {s.name: kv_slot_budget(load_model(s.model), load_hardware(s.hardware), cfg.gpu_memory_utilization)
              for s in cfg.settings}
     lows, bases, mem_jobs = plan(cfg, {k: v.num_slots for k, v in slots.items()})

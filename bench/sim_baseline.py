@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
+from pagedbench.bench.common import environment as env_mod
 
 #: the simulator when the fast-forward's goal (10x its simulated tokens per wall second) was set: the commit
 #: whose results/sim_speed.md published the figure it was set against

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedbench.bench.serving_metrics import RequestTiming
+from pagedbench.bench.common.serving_metrics import RequestTiming
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ import contextlib
 import time
 from pathlib import Path
 
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench import records, workloads
+from pagedbench.bench import workloads
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.sim_baseline import GOAL_BASELINE, time_commit
 from pagedbench.refengine import BlockManager

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagedbench.bench import records
-from pagedbench.bench.environment import environment_markdown
+from pagedbench.bench.common import records
+from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
 #: the vLLM paper's figures (Kwon et al., SOSP 2023), beside ours for context -- never tuned to match

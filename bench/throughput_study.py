@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from pagedbench.bench import records as result_files
-from pagedbench.bench.environment import RESULTS_DIR, environment
-from pagedbench.bench.progress import progress_enabled
-from pagedbench.bench.step_timing import timed_steps
+from pagedbench.bench.common import records as result_files
+from pagedbench.bench.common.environment import RESULTS_DIR, environment
+from pagedbench.bench.common.progress import progress_enabled
+from pagedbench.bench.common.step_timing import timed_steps
 from pagedbench.bench.throughput_report import write_markdown, write_plot
 from pagedbench.bench.workloads import synthetic
 from pagedbench.kernels import device

@@ -132,7 +132,7 @@ def test_compare_reads_the_error_against_the_mean_of_two_real_runs_and_their_spr
 
 
 def test_report_states_the_goal_and_every_metric_row() -> None:
-    from pagedbench.bench.environment import environment
+    from pagedbench.bench.common.environment import environment
     from pagedbench.bench.online_report import render_markdown
 
     spec, (trace, arrivals) = _spec(), _trace()
@@ -160,7 +160,7 @@ def test_report_states_the_goal_and_every_metric_row() -> None:
 
 def test_busy_wall_time_is_the_union_of_the_requests_spans() -> None:
     from pagedbench.bench.calibrate_online import _busy_wall_s
-    from pagedbench.bench.serving_metrics import RequestTiming
+    from pagedbench.bench.common.serving_metrics import RequestTiming
 
     spans = [(0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (3.0, 4.0)]  # overlapping, nested, apart: 2 + 1
     timings = [RequestTiming(i, a, 1, 1, a, (b,)) for i, (a, b) in enumerate(spans)]
@@ -213,7 +213,7 @@ def test_step_log_flags_the_steps_that_wake_an_idle_engine() -> None:
 def test_report_shows_the_in_process_fit_beside_the_published_one() -> None:
     """A second model (the grid refit in the check's own process) gets its own verdict and tables; a record
     without one (--no-refit) gets no such section."""
-    from pagedbench.bench.environment import environment
+    from pagedbench.bench.common.environment import environment
     from pagedbench.bench.online_report import render_markdown
 
     spec, (trace, arrivals) = _spec(), _trace()

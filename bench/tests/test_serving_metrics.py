@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench.serving_metrics import MetricsError, RequestTiming, request_metrics, summarize
+from pagedbench.bench.common.serving_metrics import MetricsError, RequestTiming, request_metrics, summarize
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads import Request
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from pagedbench.bench.capacity_search import compare, estimate, find_capacity
-from pagedbench.bench.serving_metrics import RequestMetrics
-from pagedbench.bench.slo import PRESETS, SLOError, attainment, parse_slo, request_goodput, slo_met
+from pagedbench.bench.common.serving_metrics import RequestMetrics
+from pagedbench.bench.common.slo import PRESETS, SLOError, attainment, parse_slo, request_goodput, slo_met
 
 
 def metrics(ttft_s: float, tpot_s: float | None) -> RequestMetrics:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pagedbench.bench import serve_sim, serving_study, sweep_runner
+from pagedbench.bench import serve_sim, serving_study
+from pagedbench.bench.common import sweep_runner
 from pagedbench.bench.serving_config import load_config
 from pagedbench.bench.tests.test_serving_study import TINY
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench.environment import environment
+from pagedbench.bench.common.environment import environment
 from pagedbench.bench.throughput_report import write_markdown, write_plot
 from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
 from pagedbench.refengine import load_model

@@ -1,6 +1,6 @@
 """Service-level objectives: presets from the field, user-given ones, and whether a point meets them.
 
-An :class:`SLO` is a set of targets; each target names a metric of :mod:`pagedbench.bench.serving_metrics`
+An :class:`SLO` is a set of targets; each target names a metric of :mod:`pagedbench.bench.common.serving_metrics`
 (``ttft``, ``tpot``, ``itl``, ``e2el``, ``queue``), a limit in milliseconds and the share of requests that
 must be within it. A point *meets* the SLO when, for every target, at least that share of its measured
 requests is within the limit (:func:`attainment`). "p99 TTFT <= 2 s" (MLPerf's form) is the target
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedbench.bench.serving_metrics import METRICS_MS, RequestMetrics
+from pagedbench.bench.common.serving_metrics import METRICS_MS, RequestMetrics
 
 
 class SLOError(ValueError):
