@@ -24,6 +24,8 @@ MOVED_MODULES = {
     "environment": "common.environment", "records": "common.records", "progress": "common.progress",
     "step_timing": "common.step_timing", "serving_metrics": "common.serving_metrics", "slo": "common.slo",
     "sweep_runner": "common.sweep_runner",
+    "arrivals": "workloads.arrivals", "trace_formats": "workloads.trace_formats",
+    "trace_spans": "workloads.trace_spans",
 }
 
 install(__name__, MOVED_MODULES)

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from pagedbench.bench import workloads
-from pagedbench.bench.arrivals import arrival_times
 from pagedbench.bench.calibrate_config import CONFIG, EngineSpec, load_config, load_engine_model
 from pagedbench.bench.calibrate_steps import build_engine, calibration_steps, fit, step_batch
 from pagedbench.bench.calibrate_validation import serve_simulated
@@ -52,7 +51,8 @@ from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.online_compare import compare_runs
 from pagedbench.bench.online_report import render_markdown
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.throughput_study import Trace, Workload, make_trace
+from pagedbench.bench.workloads.arrivals import arrival_times
+from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, StepShape
 

@@ -36,7 +36,7 @@ from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.wake_cost import with_wake
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.throughput_study import Trace, Workload, make_trace
+from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams
 from pagedbench.refengine.engine.core import StepShape
 

@@ -2,11 +2,11 @@
 
 ``python -m pagedbench.bench serve-sim --trace FILE --model M --gpu G [--slo PRESET] [--managers ...]``
 
-The trace (any format :mod:`pagedbench.bench.trace_formats` reads, or a shipped trace by name) is served
+The trace (any format :mod:`pagedbench.bench.workloads.trace_formats` reads, or a shipped trace by name) is served
 by the real scheduler and each KV manager on a simulated clock (:mod:`pagedbench.bench.serving_sim`),
 with the step times of the model on the GPU (:mod:`pagedbench.bench.costmodel`) and the KV budget that
 GPU leaves. Its timestamps are replayed at several time scales (below 1 compressed: a higher rate,
-:func:`pagedbench.bench.arrivals.replay`), and a low-load run (the same requests, one arrival per 50
+:func:`pagedbench.bench.workloads.arrivals.replay`), and a low-load run (the same requests, one arrival per 50
 mean request durations) gives the reference latency. For each manager it reports, per time
 scale, the normalized latency (end-to-end latency / output tokens, the vLLM paper's), the goodput
 (requests per second that met the SLO) and the pool's peak use, and the capacity at SLO: the highest
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import arrivals, serve_sim_report, serving_sim, trace_formats
+from pagedbench.bench import serve_sim_report, serving_sim
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
@@ -37,6 +37,7 @@ from pagedbench.bench.costmodel.models import model_names
 from pagedbench.bench.serving_config import Setting
 from pagedbench.bench.serving_points import cost_model, step_time_fn
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.workloads import arrivals, trace_formats
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serve_sim"  # PAGEDBENCH_SERVE_SIM_CACHE overrides it
 POINT_VERSION = 1  # bump when a point's result changes for the same inputs

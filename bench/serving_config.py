@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pagedbench.bench import trace_formats, workloads
+from pagedbench.bench import workloads
 from pagedbench.bench.common.slo import PRESETS, SLOError, parse_slo
 from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
 from pagedbench.bench.serving_sim import AllocatorSpec
+from pagedbench.bench.workloads import trace_formats
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "serving.yaml"
 _KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",
@@ -44,7 +45,7 @@ class Setting:
 class Dataset:
     name: str
     dataset: str = ""  # a synthetic dataset (workloads.DATASETS), or
-    trace: str = ""  # a request trace: a shipped trace's name or a file (bench/trace_spans.py replays it)
+    trace: str = ""  # a request trace: a shipped trace's name or a file (bench/workloads/trace_spans.py replays it)
     over_context: str = "drop"  # a trace's requests past max_seq_len: drop or clip (never error mid-study)
     shared_prefix_len: int = 0  # tokens of a system prompt every request starts with
     prefix_caching: bool = False  # the paged manager's prefix cache (Orca cannot share)

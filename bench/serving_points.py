@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import trace_formats, trace_spans, workloads
+from pagedbench.bench import workloads
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records
 from pagedbench.bench.common.serving_metrics import request_metrics, summarize
@@ -29,6 +29,7 @@ from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.group_replay import GroupSpec
 from pagedbench.bench.serving_config import Dataset, Setting
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.workloads import trace_formats, trace_spans
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serving"  # PAGEDBENCH_SERVING_CACHE overrides it
 SIM_VERSION = 2  # bump when the simulator's behaviour changes: cached points are then recomputed
@@ -117,7 +118,7 @@ def step_time_fn(cost: StepCostModel):
 
 def span_trace(d: Dataset, rate: float, span_s: float, seed: int, max_seq_len: int) -> tuple:
     """The Poisson arrivals of ``[0, span_s)`` at ``rate`` with the dataset's lengths; for a trace, its
-    requests replayed at mean ``rate`` (:func:`pagedbench.bench.trace_spans.span`)."""
+    requests replayed at mean ``rate`` (:func:`pagedbench.bench.workloads.trace_spans.span`)."""
     if d.trace:
         return trace_spans.span(trace_spans.load(d.trace, max_seq_len, d.over_context).requests, rate, span_s, seed)
     n = max(1, math.ceil(rate * span_s + 6 * math.sqrt(rate * span_s) + 10))  # more than the span holds

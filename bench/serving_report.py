@@ -376,8 +376,8 @@ def trace_table(doc: dict) -> str:
     if not rows:
         return "No trace in this run."
     return ("Each point replays the trace's requests from a seed-drawn start, its timestamps scaled to the offered "
-            "rate (bursts keep their shape), wrapping around past its end (`bench/trace_spans.py`); sources and "
-            "licences in `bench/traces/README.md`.\n\n"
+            "rate (bursts keep their shape), wrapping around past its end (`bench/workloads/trace_spans.py`); "
+            "sources and licences in `bench/traces/README.md`.\n\n"
             + tabulate(rows, headers=["trace", "setting", "format", "requests", "served", "past max_seq_len",
                                       "max_seq_len", "mean prompt / output", "its own rate (req/s)"],
                        tablefmt="github"))

@@ -28,13 +28,14 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pagedbench.bench import arrivals, serving_precision, trace_spans, workloads
+from pagedbench.bench import serving_precision, workloads
 from pagedbench.bench.capacity_search import find_capacity, relative_half_width
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.serving_config import CONFIG, Dataset, Setting, StudyConfig, load_config
 from pagedbench.bench.serving_points import SIM_VERSION, Method, Point, cost_model, run_point
+from pagedbench.bench.workloads import arrivals, trace_spans
 
 __all__ = ["CONFIG", "SIM_VERSION", "load_config", "main", "run_study"]
 

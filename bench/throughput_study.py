@@ -24,7 +24,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 from pagedbench.bench.common import records as result_files
@@ -32,22 +31,13 @@ from pagedbench.bench.common.environment import RESULTS_DIR, environment
 from pagedbench.bench.common.progress import progress_enabled
 from pagedbench.bench.common.step_timing import timed_steps
 from pagedbench.bench.throughput_report import write_markdown, write_plot
-from pagedbench.bench.workloads import synthetic
+from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.kernels import device
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
 from tqdm import tqdm
 
 CONFIG = Path(__file__).parent / "configs" / "throughput.yaml"
 MODELS = Path(__file__).parent / "configs" / "models.yaml"
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    name: str
-    dataset: str  # "sharegpt" or "alpaca" (bench.workloads.DATASETS)
-    length_scale: float  # prompt and output lengths multiplied by this (CPU: shorter than the paper's)
-    num_requests: int
-    system_prompt_len: int = 0  # tokens of a system prompt shared by every request (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,33 +48,6 @@ class Run:
     prefix_caching: bool
     n: int = 1  # completions per prompt
     sampled: bool = False  # temperature 1 with a seed per request (child i's seed does not depend on n)
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    prompts: tuple[tuple[int, ...], ...]
-    output_lens: tuple[int, ...]
-
-    @property
-    def mean_prompt_len(self) -> float:
-        return float(np.mean([len(p) for p in self.prompts]))
-
-    @property
-    def mean_output_len(self) -> float:
-        return float(np.mean(self.output_lens))
-
-
-def make_trace(w: Workload, *, vocab_size: int, max_model_len: int, seed: int) -> Trace:
-    """Token prompts with the workload's scaled lengths; every request fits ``max_model_len``."""
-    rng = np.random.default_rng(seed)
-    system = rng.integers(0, vocab_size, w.system_prompt_len).tolist()
-    prompts, outputs = [], []
-    for r in synthetic(w.dataset, w.num_requests, seed=seed):
-        p = int(np.clip(round(r.prompt_len * w.length_scale), 1, max_model_len - 1 - len(system)))
-        o = int(np.clip(round(r.output_len * w.length_scale), 1, max_model_len - p - len(system)))
-        prompts.append(tuple(system + rng.integers(0, vocab_size, p).tolist()))
-        outputs.append(o)
-    return Trace(tuple(prompts), tuple(outputs))
 
 
 def _params(trace: Trace, run: Run, seed: int) -> list[SamplingParams]:

@@ -13,7 +13,7 @@ from pagedbench.bench.calibrate_config import CONFIG, load_config
 from pagedbench.bench.calibrate_online import load_cost, serve_online, serve_simulated_online
 from pagedbench.bench.online_compare import compare_runs, ks_statistic
 from pagedbench.bench.serving_sim import AllocatorSpec, _manager, constant_step
-from pagedbench.bench.throughput_study import Trace
+from pagedbench.bench.workloads.token_traces import Trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 

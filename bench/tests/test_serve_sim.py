@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench import serve_sim, trace_formats
+from pagedbench.bench import serve_sim
+from pagedbench.bench.workloads import trace_formats
 
 FILES = {
     "azure.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(

@@ -7,9 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from pagedbench.bench import serving_sim, trace_formats, workloads
+from pagedbench.bench import serving_sim, workloads
 from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.workloads import Request
+from pagedbench.bench.workloads import Request, trace_formats
 from pagedbench.refengine.engine.core import EngineCore
 
 

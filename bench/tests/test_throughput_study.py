@@ -7,7 +7,8 @@ import json
 import pytest
 from pagedbench.bench.common.environment import environment
 from pagedbench.bench.throughput_report import write_markdown, write_plot
-from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
+from pagedbench.bench.throughput_study import Run, study_workload
+from pagedbench.bench.workloads.token_traces import Workload, make_trace
 from pagedbench.refengine import load_model
 
 CFG = dict(section="cpu", model="tiny-test", attention_backend="torch", block_size=4, kv_budget_slots=96,

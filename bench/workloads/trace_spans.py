@@ -2,7 +2,7 @@
 
 A point of the study serves the arrivals of a span at an offered rate. For a trace dataset those are the
 trace's own requests (lengths, shared prefixes), replayed with their timestamps scaled so that the trace's
-mean rate becomes the point's rate (:func:`pagedbench.bench.arrivals.replay`): bursts and lulls keep
+mean rate becomes the point's rate (:func:`pagedbench.bench.workloads.arrivals.replay`): bursts and lulls keep
 their shape. Seed ``s`` starts the replay at a request drawn from the trace by ``s``, so seeds sample
 different stretches of it; a span longer than the scaled trace wraps around to its first request (one
 mean gap after its last), with request ids running on.
@@ -16,8 +16,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from pagedbench.bench import arrivals, trace_formats
-from pagedbench.bench.workloads import Request
+from pagedbench.bench.workloads import Request, arrivals, trace_formats
 
 
 def trace_file(name: str) -> Path:

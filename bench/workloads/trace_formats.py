@@ -49,7 +49,7 @@ from pagedbench.bench.workloads import Request
 FORMATS = ("azure", "burstgpt", "mooncake", "vidur", "jsonl")
 OVER_CONTEXT = ("error", "drop", "clip")
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in Mooncake's traces
-TRACES_DIR = Path(__file__).resolve().parent / "traces"
+TRACES_DIR = Path(__file__).resolve().parents[1] / "traces"
 
 #: the traces shipped with the package (bench/traces/README.md gives their source, licence and subset)
 SHIPPED = {
