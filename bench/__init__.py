@@ -26,6 +26,10 @@ MOVED_MODULES = {
     "sweep_runner": "common.sweep_runner",
     "arrivals": "workloads.arrivals", "trace_formats": "workloads.trace_formats",
     "trace_spans": "workloads.trace_spans",
+    "serving_sim": "sim.simulator", "sim_admission": "sim.admission", "sim_decode_session": "sim.decode_session",
+    "sim_fast_forward": "sim.fast_forward", "sim_records": "sim.records", "sim_run_clock": "sim.run_clock",
+    "group_replay": "sim.group_replay", "capacity_search": "sim.capacity_search", "serving_points": "sim.points",
+    "serving_config": "studies.serving.config",
 }
 
 install(__name__, MOVED_MODULES)

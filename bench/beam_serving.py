@@ -2,9 +2,9 @@
 
 ``python -m pagedbench.bench --only beam_serving [--full]``. The paper's setting: OPT-13B on an A100-40GB
 (the serving study's cost model and KV budget), Alpaca-like requests, the paper's scheduler policy
-(``separate`` prompt steps, vLLM v0.1). Each request is a group (:mod:`pagedbench.bench.group_replay`):
+(``separate`` prompt steps, vLLM v0.1). Each request is a group (:mod:`pagedbench.bench.sim.group_replay`):
 one sample (the basic-sampling reference), ``n`` = 2/4/6 parallel samples, or a beam search of width
-2/4/6. The real scheduler and KV managers serve it (:mod:`pagedbench.bench.serving_sim`):
+2/4/6. The real scheduler and KV managers serve it (:mod:`pagedbench.bench.sim.simulator`):
 
 - paged (block size 16): a group's samples fork from its computed prompt and its beams fork from each
   other, sharing blocks, copying a shared partial block on write; a pruned beam is freed at once;
@@ -31,15 +31,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench.capacity_search import ratio_estimate
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
-from pagedbench.bench.group_replay import GroupSpec
-from pagedbench.bench.serving_config import Dataset, Setting
-from pagedbench.bench.serving_points import Method, Point, run_point
-from pagedbench.bench.serving_sim import AllocatorSpec
 from pagedbench.bench.serving_study import low_load_rate, search
+from pagedbench.bench.sim.capacity_search import ratio_estimate
+from pagedbench.bench.sim.group_replay import GroupSpec
+from pagedbench.bench.sim.points import Method, Point, run_point
+from pagedbench.bench.sim.settings import Dataset, Setting
+from pagedbench.bench.sim.simulator import AllocatorSpec
 
 #: the paper's Figure 14 text: vLLM's capacity over Orca (Oracle)'s, basic sampling (Fig. 12's Alpaca run)
 #: and beam width 6; the other panels are given as plots only

@@ -4,7 +4,7 @@ saving = 1 - (blocks used with sharing) / (blocks without sharing), both summed 
 request (a time average, as in serving), each request alone on the real :class:`BlockManager`:
 
 - parallel sampling (``n`` = 2/4/6): the prompt allocated once and forked ``n - 1`` times, every sample
-  appending one token a step (:func:`bench.serving_sim.sharing_saving`, the memory study's method);
+  appending one token a step (:func:`bench.sim.sharing.sharing_saving`, the memory study's method);
 - beam search (width 2/4/6): the prompt allocated once; each round, beams kept more than once fork,
   beams not kept are freed, every kept beam appends its token (copy-on-write inside a shared partial
   block). *Which* beams survive each round comes from beam trajectories recorded from a real run of
@@ -28,7 +28,7 @@ from pathlib import Path
 from pagedbench.bench import workloads
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records
-from pagedbench.bench.serving_sim import sharing_saving
+from pagedbench.bench.sim.sharing import sharing_saving
 from pagedbench.refengine import BlockManager
 
 #: the paper's Figure 15 (percent). ShareGPT's are read as ranges over n / width 2..6 in the text.

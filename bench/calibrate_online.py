@@ -50,7 +50,7 @@ from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCo
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.online_compare import compare_runs
 from pagedbench.bench.online_report import render_markdown
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads.arrivals import arrival_times
 from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams

@@ -3,7 +3,7 @@
 The trace (ShareGPT-like lengths from :func:`bench.workloads.synthetic`, scaled to the model, random
 prompt tokens) is submitted at t=0 (an offline batch), greedy with ``ignore_eos`` so every request
 generates exactly its trace output length. The serving simulator
-(:func:`bench.serving_sim.simulate`) runs the same scheduler and block manager with the engine's
+(:func:`bench.sim.simulator.simulate`) runs the same scheduler and block manager with the engine's
 settings (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, ``num_blocks``, prefix caching,
 mixed policy, no watermark) and the same prompts, so its schedule is the real one step for step
 (checked: the same :class:`StepShape` sequence); only the step durations differ.
@@ -35,7 +35,7 @@ from pagedbench.bench.costmodel import StepCostModel
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.wake_cost import with_wake
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.refengine import SamplingParams
 from pagedbench.refengine.engine.core import StepShape

@@ -3,7 +3,7 @@
 ``python -m pagedbench.bench --only memory_study`` (or ``main([])``) runs the default config
 (``bench/configs/memory.yaml``); ``--full`` the larger sweeps. For every workload, every allocator
 (Orca Max / Pow2 / Oracle on a buddy or first-fit arena, paged at block sizes 1..256) is simulated
-(:mod:`pagedbench.bench.serving_sim`: the real scheduler on a simulated clock) under one KV budget, with
+(:mod:`pagedbench.bench.sim.simulator`: the real scheduler on a simulated clock) under one KV budget, with
 the step times of the step-cost model (:mod:`pagedbench.bench.costmodel`) for the config's model and
 GPU: no step time is guessed. What only this study has: the block-size sweep (the paper's Fig. 18b),
 buddy vs first-fit placement, and the parallel-sampling saving (Figure 15, measured with
@@ -25,8 +25,9 @@ from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records
 from pagedbench.bench.common.progress import progress_enabled
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
-from pagedbench.bench.serving_points import step_time_fn
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, SimResult, sharing_saving, simulate
+from pagedbench.bench.sim.points import step_time_fn
+from pagedbench.bench.sim.sharing import sharing_saving
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, SimResult, simulate
 from tqdm import tqdm
 
 CONFIG = Path(__file__).resolve().parent / "configs" / "memory.yaml"

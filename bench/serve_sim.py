@@ -3,7 +3,7 @@
 ``python -m pagedbench.bench serve-sim --trace FILE --model M --gpu G [--slo PRESET] [--managers ...]``
 
 The trace (any format :mod:`pagedbench.bench.workloads.trace_formats` reads, or a shipped trace by name) is served
-by the real scheduler and each KV manager on a simulated clock (:mod:`pagedbench.bench.serving_sim`),
+by the real scheduler and each KV manager on a simulated clock (:mod:`pagedbench.bench.sim.simulator`),
 with the step times of the model on the GPU (:mod:`pagedbench.bench.costmodel`) and the KV budget that
 GPU leaves. Its timestamps are replayed at several time scales (below 1 compressed: a higher rate,
 :func:`pagedbench.bench.workloads.arrivals.replay`), and a low-load run (the same requests, one arrival per 50
@@ -28,15 +28,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedbench.bench import serve_sim_report, serving_sim
+from pagedbench.bench import serve_sim_report
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
-from pagedbench.bench.serving_config import Setting
-from pagedbench.bench.serving_points import cost_model, step_time_fn
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.points import cost_model, step_time_fn
+from pagedbench.bench.sim.run import default_manager
+from pagedbench.bench.sim.settings import Setting
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads import arrivals, trace_formats
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serve_sim"  # PAGEDBENCH_SERVE_SIM_CACHE overrides it
@@ -105,7 +106,7 @@ def run_trace_point(p: TracePoint) -> dict:
     managers, peak = [], [0]
 
     def make_manager(spec, cfg):
-        managers.append(serving_sim._manager(spec, cfg))
+        managers.append(default_manager(spec, cfg))
         return managers[-1]
 
     def on_step() -> None:  # blocks only grow inside a fast-forwarded run: its end holds its peak

@@ -2,9 +2,9 @@
 
 A *group* is one (setting, dataset, policy, cost scale): its KV managers were served the same arrivals
 and lengths per replicate (the seed draws them; common random numbers), so each ratio paged / manager is
-estimated from the per-replicate ratios (:func:`~pagedbench.bench.capacity_search.ratio_estimate`) and the
+estimated from the per-replicate ratios (:func:`~pagedbench.bench.sim.capacity_search.ratio_estimate`) and the
 trace-to-trace luck they share cancels. A group's *headlines* are, per criterion, the paged capacity
-(a log-scale interval: :func:`~pagedbench.bench.capacity_search.log_estimate`) and each paged / manager
+(a log-scale interval: :func:`~pagedbench.bench.sim.capacity_search.log_estimate`) and each paged / manager
 ratio. The study adds replicates to a group until every headline is within ``target_half_width`` (or its
 cap), and the report prints each with its interval, or the reason it has none.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from pagedbench.bench.capacity_search import (
+from pagedbench.bench.sim.capacity_search import (
     Estimate,
     log_estimate,
     ratio_estimate,

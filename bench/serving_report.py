@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pagedbench.bench.capacity_search import (
+from pagedbench.bench.common.environment import environment_markdown
+from pagedbench.bench.common.slo import parse_slo
+from pagedbench.bench.serving_plots import plot, plot_names
+from pagedbench.bench.sim.capacity_search import (
     Estimate,
     log_estimate,
     paired_verdict,
     ratio_estimate,
 )
-from pagedbench.bench.common.environment import environment_markdown
-from pagedbench.bench.common.slo import parse_slo
-from pagedbench.bench.serving_plots import plot, plot_names
 from tabulate import tabulate
 
 __all__ = ["markdown", "plot"]

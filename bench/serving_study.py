@@ -4,15 +4,15 @@ as the field measures serving today.
 ``python -m pagedbench.bench --only serving_study [--full]`` (config ``bench/configs/serving.yaml``).
 For each setting (a model on a GPU, at the model's context unless the config says less), dataset,
 scheduler policy, KV manager (Orca Max / Pow2 / Oracle, paged) and seed, the real scheduler serves the
-Poisson arrivals of a simulated span on the cost model's step times (:mod:`pagedbench.bench.serving_points`),
-and capacities are searched (:mod:`pagedbench.bench.capacity_search`):
+Poisson arrivals of a simulated span on the cost model's step times (:mod:`pagedbench.bench.sim.points`),
+and capacities are searched (:mod:`pagedbench.bench.sim.capacity_search`):
 
 - at each latency threshold: the highest rate whose normalized latency (mean E2E / output tokens, the
   paper's metric) stays below threshold x the low-load value;
 - at each SLO (:mod:`pagedbench.bench.common.slo`): the highest rate at which the SLO holds (DistServe's goodput);
 
 a point that is overloaded (its backlog grew across the measured window by more than ``overload_z``
-standard deviations of its arrivals: :mod:`pagedbench.bench.serving_sim`) fails every criterion, so no
+standard deviations of its arrivals: :mod:`pagedbench.bench.sim.simulator`) fails every criterion, so no
 capacity comes from a plateau. The *saturation throughput*, threshold-free, is the highest achieved
 rate seen in the search (an overloaded point serves at the system's limit). Over the seeds each
 capacity gets a 95% interval; the report calls overlapping intervals a tie. Fig. 2/13 come from span
@@ -29,12 +29,13 @@ import time
 from pathlib import Path
 
 from pagedbench.bench import serving_precision, workloads
-from pagedbench.bench.capacity_search import find_capacity, relative_half_width
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
-from pagedbench.bench.serving_config import CONFIG, Dataset, Setting, StudyConfig, load_config
-from pagedbench.bench.serving_points import SIM_VERSION, Method, Point, cost_model, run_point
+from pagedbench.bench.sim.capacity_search import find_capacity, relative_half_width
+from pagedbench.bench.sim.points import SIM_VERSION, Method, Point, cost_model, run_point
+from pagedbench.bench.sim.settings import Dataset, Setting
+from pagedbench.bench.studies.serving.config import CONFIG, StudyConfig, load_config
 from pagedbench.bench.workloads import arrivals, trace_spans
 
 __all__ = ["CONFIG", "SIM_VERSION", "load_config", "main", "run_study"]

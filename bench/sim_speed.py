@@ -7,7 +7,7 @@ step time: the cost model is not what is measured here). The same run is repeate
 manager's calls recorded, and the recorded calls are replayed alone on a fresh block manager: the
 simulation's time over the replay's is the price of the scheduler and the loop around the block
 manager (the goal: at most 5x, and at most 10 s for the hour on one core). The same trace is then
-served with the fast-forward (:mod:`pagedbench.bench.sim_fast_forward`, runs of decode steps in one
+served with the fast-forward (:mod:`pagedbench.bench.sim.fast_forward`, runs of decode steps in one
 go): its speed-up over step-by-step simulation is the second ratio (the goal: 10x), and its result
 must equal the step-by-step one. The goal was set against the simulator of its day, which step-by-step
 simulation no longer is (its shared paths got faster since): that simulator (commit
@@ -28,7 +28,7 @@ from pathlib import Path
 from pagedbench.bench import workloads
 from pagedbench.bench.common import environment as env_mod
 from pagedbench.bench.common import records
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.sim_baseline import GOAL_BASELINE, time_commit
 from pagedbench.refengine import BlockManager
 from pagedbench.refengine.engine.core import EngineCore

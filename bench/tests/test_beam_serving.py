@@ -9,8 +9,8 @@ import json
 
 import pytest
 from pagedbench.bench import beam_serving, beam_serving_report
-from pagedbench.bench.serving_points import SIM_VERSION, cost_model
-from pagedbench.bench.serving_sim import AllocatorSpec
+from pagedbench.bench.sim.points import SIM_VERSION, cost_model
+from pagedbench.bench.sim.simulator import AllocatorSpec
 
 
 def _search(group: str, allocator: str, seed: int, cap: float | None, failing: float | None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pagedbench.bench import beam_study
-from pagedbench.bench.serving_sim import sharing_saving
+from pagedbench.bench.sim.sharing import sharing_saving
 from pagedbench.bench.workloads import Request
 
 

@@ -12,7 +12,8 @@ from pagedbench.bench import calibrate_online
 from pagedbench.bench.calibrate_config import CONFIG, load_config
 from pagedbench.bench.calibrate_online import load_cost, serve_online, serve_simulated_online
 from pagedbench.bench.online_compare import compare_runs, ks_statistic
-from pagedbench.bench.serving_sim import AllocatorSpec, _manager, constant_step
+from pagedbench.bench.sim.run import default_manager
+from pagedbench.bench.sim.simulator import AllocatorSpec, constant_step
 from pagedbench.bench.workloads.token_traces import Trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
@@ -47,7 +48,7 @@ def _spec():
 def _stub_core(spec, step_s: float) -> EngineCore:
     """An engine with the simulator's scheduler settings whose every step lasts ``step_s`` simulated seconds."""
     sim_cfg = calibrate_online._sim_config(spec)
-    bm = _manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
+    bm = default_manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
     sched = Scheduler(bm, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                       stop=StopRule(frozenset(), spec.max_model_len), policy="mixed",
                       prefix_caching=spec.enable_prefix_caching, watermark_blocks=0)

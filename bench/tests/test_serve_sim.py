@@ -96,7 +96,7 @@ def test_capacity_is_the_highest_rate_below_the_first_failure():
 
 def test_goodput_counts_requests_meeting_the_slo():
     from pagedbench.bench.serve_sim_report import metrics
-    from pagedbench.bench.serving_sim import Shares, SimResult
+    from pagedbench.bench.sim.simulator import Shares, SimResult
     from pagedbench.bench.workloads import Request
 
     trace = (Request(1, 5, 10, 1.0), Request(0, 5, 2, 0.0))  # served in arrival order: request 0 first

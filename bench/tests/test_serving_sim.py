@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 from pagedbench.bench import memory_study
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
 from pagedbench.bench.workloads import Request, synthetic
 from pagedbench.refengine import BlockManager
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pagedbench.bench import serving_study
-from pagedbench.bench.serving_config import ServingConfigError
+from pagedbench.bench.studies.serving.config import ServingConfigError
 
 TINY = {
     "settings": [{"name": "opt-13b@a100-40gb", "model": "opt-13b", "hardware": "a100-40gb"}],

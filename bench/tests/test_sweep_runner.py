@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pagedbench.bench import serve_sim, serving_study
 from pagedbench.bench.common import sweep_runner
-from pagedbench.bench.serving_config import load_config
+from pagedbench.bench.studies.serving.config import load_config
 from pagedbench.bench.tests.test_serving_study import TINY
 
 TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(

@@ -1,6 +1,6 @@
 """The fast-forward's runs at a cost of what changes: the running sequences' decode tokens told late.
 
-:class:`~pagedbench.bench.sim_fast_forward.FastForward` serves runs of decode steps, each ending with a
+:class:`~pagedbench.bench.sim.fast_forward.FastForward` serves runs of decode steps, each ending with a
 step that finishes, preempts or admits; made one after another they cost a pass over every running
 sequence each (its tokens appended, its table grown), while between two runs one sequence changes. A
 :class:`DecodeSession` keeps the running sequences lazy from one run to the next, with nothing else
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import heapq
 
-from pagedbench.bench.sim_admission import admit
-from pagedbench.bench.sim_run_clock import clock_steps
+from pagedbench.bench.sim.admission import admit
+from pagedbench.bench.sim.run_clock import clock_steps
 from pagedbench.refengine.engine.core import StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
@@ -48,7 +48,7 @@ class _Member:
         self.sid = seq.seq_id
         self.g0 = g0
         self.n0 = n = len(seq.token_ids)
-        self.entry = entry  # its timing entry (serving_sim), None when it is not measured
+        self.entry = entry  # its timing entry (SimRun.timing), None when it is not measured
         self.last = g0 + seq.params.max_tokens - (n - seq.num_prompt_tokens) - 1  # the step that finishes it
 
 

@@ -1,6 +1,6 @@
 """The serving simulator's inputs and results: which KV manager (:class:`AllocatorSpec`), the serving
 setting (:class:`SimConfig`), and what a run measured (:class:`SimResult`, with its pool shares, step
-records and overload test). :mod:`pagedbench.bench.serving_sim` runs them and is where they are imported
+records and overload test). :mod:`pagedbench.bench.sim.simulator` runs them and is where they are imported
 from; its docstring says what each measure means.
 """
 
@@ -86,7 +86,7 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class Overload:
-    """The overload test over the measured window (:mod:`pagedbench.bench.serving_sim`'s docstring)."""
+    """The overload test over the measured window (:mod:`pagedbench.bench.sim.simulator`'s docstring)."""
 
     window_s: tuple[float, float]
     measured_until_s: float  # the window's end, or the clock where the run stopped early

@@ -1,7 +1,7 @@
 """One point of the serving study: a setting, dataset, policy and KV manager served at one offered rate.
 
 :func:`run_point` draws the arrivals of a span (Poisson at ``rate`` over ``span_s`` simulated seconds),
-serves them with :func:`pagedbench.bench.serving_sim.simulate` on the cost model's step times, and
+serves them with :func:`pagedbench.bench.sim.simulator.simulate` on the cost model's step times, and
 returns one flat record: the overload test, offered and achieved rates, the field's metrics over the
 measured requests (``vllm bench serve``'s keys, :mod:`pagedbench.bench.common.serving_metrics`), each SLO's
 attainment and ``request_goodput`` (:mod:`pagedbench.bench.common.slo`), the pool's peak use and, with
@@ -26,9 +26,9 @@ from pagedbench.bench.common import records
 from pagedbench.bench.common.serving_metrics import request_metrics, summarize
 from pagedbench.bench.common.slo import attainment, parse_slo, request_goodput, slo_met
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
-from pagedbench.bench.group_replay import GroupSpec
-from pagedbench.bench.serving_config import Dataset, Setting
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.group_replay import GroupSpec
+from pagedbench.bench.sim.settings import Dataset, Setting
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads import trace_formats, trace_spans
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serving"  # PAGEDBENCH_SERVING_CACHE overrides it

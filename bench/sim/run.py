@@ -1,38 +1,5 @@
-"""Serving a request trace with the real scheduler and KV manager, on a simulated clock.
-
-No model runs. Each request of the trace becomes a request of :class:`~pagedbench.refengine.engine.core.
-EngineCore` with ``max_tokens = output_len`` (and ``ignore_eos``); the loop is the engine's own
-(``Scheduler -> SimulatedExecutor -> Scheduler.update``), so admission, chunked or separate prefill,
-preemption (recompute) and the block accounting are exactly the engine's. A step lasts what
-``step_time_s(StepShape)`` says: a constant, or the step-cost model of a GPU
-(:mod:`pagedbench.bench.costmodel`). Idle time (nothing running or waiting) jumps to the next arrival;
-a step-time function that prices waking an idle engine (``step_time_s.wake_s``, see
-:mod:`pagedbench.bench.costmodel.wake_cost`) makes the jump end its pick-up time past the arrival and the
-first steps after it that much longer, and one
-that prices the decode steps after a prefill (``step_time_s.after_prefill_s``, see
-:mod:`pagedbench.bench.costmodel.after_prefill`) the first decode steps after each step with a prefill chunk.
-A request may be a group (``group=``): ``n`` parallel samples, or a beam search replaying recorded
-trajectories (:mod:`pagedbench.bench.group_replay`); it completes when its last sequence does.
-
-The KV manager is the paged :class:`~pagedbench.refengine.BlockManager` (kept ``watermark`` of its
-blocks free at admission, as vLLM does) or Orca's contiguous reservations
-(:class:`~pagedbench.refengine.ContiguousBlockManager`: Max, Pow2, Oracle, on a buddy or first-fit arena).
-
-Accounting, in slots, taken on every step as the model would run it, for each running sequence with
-``t`` tokens in its table, ``f`` tokens when done (prompt + output - 1: the last sampled token is never
-stored), holding ``h`` slots::
-
-    token states    t
-    reserved        min(h, f) - t       held, and will be filled by this request later
-    internal frag.  h - min(h, f)       held, never to be filled (over-reservation, buddy rounding,
-                                        the unused tail of a paged request's last block)
-    external frag.  the free slots, on a step where the queue's head waits although the free slots in
-                    total would hold its footprint (no hole fits: only the arena has this)
-    free            every other free slot
-
-The five add up to the pool's slots on every step; shares are their time averages over the measured
-steps (those starting inside the window). With ``drain=True`` the run goes on until every request is
-done, so that the latency covers every request.
+"""One serving simulation's run: the engine's own loop on a simulated clock, its measured window and its
+overload test (:func:`~pagedbench.bench.sim.simulator.simulate` drives it).
 
 **The measured window.** With ``span_s`` set, the trace is the arrivals of a span ``[0, span_s)`` and
 the window is ``[warmup_frac * span_s, (1 - cooldown_frac) * span_s]``: latency counts only requests
@@ -51,52 +18,43 @@ times its noise, or equivalently the queue grew across the window. With ``stop_o
 stops as soon as the backlog has grown by twice that allowance inside the window (a six-sigma excursion
 for a stable system), or at the window's end if the test fails there: an overloaded point's latency is
 the length of the run, not a property of the system, and is never used as a capacity.
+
+With ``drain=True`` the run goes on until every request is done, so that the latency covers every request.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import gc
 import math
 from collections import deque
 from collections.abc import Callable
 
 from pagedbench.bench.common.serving_metrics import RequestTiming
-from pagedbench.bench.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager, RowExecutor
-from pagedbench.bench.sim_fast_forward import FastForward
-from pagedbench.bench.sim_records import AllocatorSpec, Overload, Shares, SimConfig, SimResult, StepRecord
+from pagedbench.bench.sim.accounting import AccountingExecutor
+from pagedbench.bench.sim.fast_forward import FastForward
+from pagedbench.bench.sim.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager, RowExecutor
+from pagedbench.bench.sim.records import AllocatorSpec, Overload, Shares, SimConfig, SimResult, StepRecord
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine import BlockManager, ContiguousBlockManager, SamplingParams
-from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor, StepResult, StepShape
+from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor, StepShape
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 
 
-def constant_step(step_s: float) -> Callable[[StepShape], float]:
-    """Every step lasts ``step_s`` (with the ``decode_run`` a fast-forward asks for: see
-    :func:`pagedbench.bench.sim_fast_forward.decode_run_of`)."""
-
-    def step_time_s(shape: StepShape) -> float:
-        return step_s
-
-    step_time_s.decode_run = lambda context_lens: lambda j: step_s
-    step_time_s.constant_s = step_s  # whatever the shape (a fast-forward's runs need not build it)
-    return step_time_s
-
-
-def _manager(spec: AllocatorSpec, cfg: SimConfig, group: GroupSpec | None = None):
+def default_manager(spec: AllocatorSpec, cfg: SimConfig, group: GroupSpec | None = None):
+    """The KV manager ``spec`` names, sized to ``cfg.kv_slots`` (a beam group on Orca: one reservation per beam)."""
     if spec.kind == "paged":
         return BlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
                             enable_prefix_caching=cfg.enable_prefix_caching)
     if spec.kind == "orca":
-        # beams fork on Orca too: into a reservation of their own (bench.group_replay)
+        # beams fork on Orca too: into a reservation of their own (bench.sim.group_replay)
         cls = PerBeamContiguousManager if group is not None and group.is_beam else ContiguousBlockManager
         return cls(cfg.kv_slots // spec.block_size, spec.block_size,
                                       max_seq_len=cfg.max_seq_len, policy=spec.policy, placement=spec.placement)
     raise ValueError(f"allocator kind must be 'paged' or 'orca', got {spec.kind!r}")
 
 
-def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int, bm, width: int = 1) -> None:
+def check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int, bm, width: int = 1) -> None:
+    """Raises ValueError for a request that could never be served: past ``max_seq_len``, more tokens than
+    the pool holds, or a group of ``width`` sequences that can never fit it together."""
     footprint = getattr(bm, "footprint_blocks", None)
     for r in trace:
         if r.total_len > cfg.max_seq_len:
@@ -112,30 +70,11 @@ def _check_trace(trace: tuple[Request, ...], cfg: SimConfig, total: int, bm, wid
                                  f"the pool's {bm.num_blocks} blocks")
 
 
-class _Accounting:
-    """An executor wrapper that sees the KV memory of each step once it is planned, before it runs: its
-    peak use, and (``account``) its accounting (see the module docstring); it decides nothing."""
+class SimRun:
+    """One simulation's state: the engine core on a simulated clock, the pending arrivals, the measured
+    requests' timing and the overload test (the module docstring). ``simulate`` calls :meth:`step` until it
+    returns False, then :meth:`result`."""
 
-    def __init__(self, inner: SimulatedExecutor, run: _Run, account: bool) -> None:
-        self.inner, self.run, self.do_account = inner, run, account
-
-    def execute(self, out) -> StepResult:
-        run = self.run
-        used = run.bm.num_used_blocks
-        if used > run.peak_used:
-            run.peak_used = used
-        if self.do_account:
-            run.account()
-        result = self.inner.execute(out)
-        extra = 0.0
-        if run.wake_left:  # one of the first steps after the engine waited idle
-            extra += run.wake_left.pop()
-        if run.after_prefill is not None:  # one of the first decode steps after a prefill
-            extra += run.after_prefill.extra(StepShape.of(out))
-        return dataclasses.replace(result, elapsed_s=result.elapsed_s + extra) if extra else result
-
-
-class _Run:
     def __init__(self, trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig,
                  step_time_s: Callable[[StepShape], float], record_steps: bool, account: bool,
                  prompt_tokens: Callable[[Request], list[int]] | None,
@@ -146,10 +85,10 @@ class _Run:
         if group is not None and account and spec.kind == "paged":
             raise ValueError("the memory accounting counts each sequence's blocks, which double-counts the "
                              "blocks a group shares: simulate a group with account=False")
-        self.bm = make_manager(spec, cfg) if make_manager else _manager(spec, cfg, group)
+        self.bm = make_manager(spec, cfg) if make_manager else default_manager(spec, cfg, group)
         self.bs = spec.block_size
         self.total = self.bm.num_blocks * self.bs
-        _check_trace(trace, cfg, self.total, self.bm, group.width if group else 1)
+        check_trace(trace, cfg, self.total, self.bm, group.width if group else 1)
         self.spec, self.cfg, self.record = spec, cfg, record_steps
         watermark = math.ceil(cfg.watermark * self.bm.num_blocks) if spec.kind == "paged" else 0
         self.sched = Scheduler(self.bm, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.token_budget,
@@ -166,7 +105,7 @@ class _Run:
         if group is not None and group.is_beam:
             executor = RowExecutor(executor)
         self.clock = SimClock()
-        self.core = EngineCore(self.sched, _Accounting(executor, self, account),
+        self.core = EngineCore(self.sched, AccountingExecutor(executor, self, account),
                                clock=self.clock, can_fork=spec.kind == "paged")
         self.beams = BeamReplay(self.core, group) if group is not None and group.is_beam else None
         self.pending = deque(sorted(trace, key=lambda r: (r.arrival_s, r.request_id)))
@@ -222,42 +161,6 @@ class _Run:
                 # a group is timed as a whole, by request id (a beam may be pruned, a sample finish early)
                 key = req.children[0].seq_id if self.group is None else req.request_id
                 self.timing[key] = [r, None, [], req]
-
-    def account(self) -> None:
-        sched, bm, bs = self.sched, self.bm, self.bs
-        tok = res = inte = rnd = 0
-        paged = self.spec.kind == "paged"
-        for seq in sched.running:
-            t = seq.num_table_tokens
-            if paged:
-                h = -(-t // bs) * bs
-            else:
-                h = bm.held_blocks(seq.seq_id) * bs
-                rnd += h - -(-bm.reserved_tokens(seq.seq_id) // bs) * bs
-            f = seq.num_prompt_tokens + seq.params.max_tokens - 1
-            u = h if h < f else f
-            tok += t
-            res += u - t
-            inte += h - u
-        held = tok + res + inte
-        if not self.cfg.enable_prefix_caching and held != bm.num_used_blocks * bs:
-            raise AssertionError(f"accounting drift: requests hold {held} slots, the allocator "
-                                 f"{bm.num_used_blocks * bs}")
-        free = self.total - held
-        ext = 0
-        if not paged and sched.waiting and len(sched.running) < sched.max_num_seqs:
-            head = sched.waiting[0]
-            need = bm.footprint_blocks(head.num_tokens, output_len=head.params.max_tokens - head.num_output_tokens)
-            if bm.num_free_blocks >= need:
-                ext = free
-        row = (tok, res, inte, rnd, ext, free - ext)
-        now = self.clock.now()
-        if self.window[0] <= now <= self.window[1]:
-            self.num_measured += 1
-            self.running_sum += len(sched.running)
-            self.sums = [a + b for a, b in zip(self.sums, row)]
-        if self.record:
-            self.steps.append(StepRecord(now, *row, len(sched.running), len(sched.waiting)))
 
     def step(self) -> bool:
         """Run one step; False when the run is over (all done, or past the window without drain)."""
@@ -397,76 +300,3 @@ class _Run:
                          self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
                          self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat),
                          timings, overload, self.peak_used * self.bs)
-
-
-def simulate(trace: tuple[Request, ...], spec: AllocatorSpec, cfg: SimConfig = SimConfig(), *,
-             step_time_s: Callable[[StepShape], float] | None = None, record_steps: bool = False,
-             account: bool = True, prompt_tokens: Callable[[Request], list[int]] | None = None,
-             on_step: Callable[[], None] | None = None,
-             make_manager: Callable[[AllocatorSpec, SimConfig], object] | None = None,
-             fast_forward: bool = True, group: GroupSpec | None = None) -> SimResult:
-    """Serve ``trace`` with ``spec``'s KV manager under ``cfg`` (see the module docstring).
-
-    ``step_time_s``: each step's duration from its shape (default: ``cfg.step_s``, constant).
-    ``account=False`` skips the memory accounting (shares and mean batch stay 0; the latency does not
-    need them). ``prompt_tokens(request)``: the prompt's token ids (default: zeros; what matters to a
-    simulation is their number, unless prefix caching is on). ``make_manager(spec, cfg)``: builds the KV
-    manager in place of the default one for ``spec`` (a recording subclass, say). ``fast_forward``: serve
-    runs of decode steps in one go (:mod:`pagedbench.bench.sim_fast_forward`; the same schedule, and
-    ``on_step`` is then called once per run), unless the memory is accounted or steps recorded.
-    ``group``: each request's decoding (:class:`~pagedbench.bench.group_replay.GroupSpec`: ``n`` parallel
-    samples, or a replayed beam search); a group's latency runs to its last sequence's end.
-    """
-    run = _Run(trace, spec, cfg, step_time_s or constant_step(cfg.step_s), record_steps, account,
-               prompt_tokens, make_manager, fast_forward, group)
-    if on_step is not None and run.fast is not None:
-        run.fast.lazy = False  # on_step may read the running sequences: each run leaves them told
-        run.chain_runs = False  # and is called after each run
-    with _no_cycle_collection():
-        while run.step():
-            if on_step is not None:
-                on_step()
-        result = run.result()
-        run.core.executor.run = None  # its one cycle (run, core, executor, run) broken: freed at once
-        del run
-    return result
-
-
-@contextlib.contextmanager
-def _no_cycle_collection():
-    """Python's cycle collector paused (as it was after). A run's objects live until it ends (then freed
-    by their reference counts, its one cycle broken) and its steps leave no cycles behind, so every
-    collection mid-run would find nothing and only walk the run's live requests again (and whatever the
-    caller keeps: a study holding an earlier run's result), a tenth of a fast-forwarded run's time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def sharing_saving(trace: tuple[Request, ...], n: int, block_size: int) -> float:
-    """Memory saved by sharing for parallel sampling with ``n`` samples (vLLM paper, Figure 15).
-
-    Each request alone (no memory pressure): its prompt is allocated once and forked ``n - 1`` times
-    (:meth:`refengine.BlockManager.fork`); every sample then generates the request's output, one token
-    a step. Returns ``1 - (blocks used with sharing) / (blocks n independent copies would use)``, both
-    summed over every step of every request (a time average, as in serving).
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    shared = independent = 0
-    for r in trace:
-        blocks_needed = n * -(-r.total_len // block_size)
-        bm = BlockManager(blocks_needed, block_size)
-        bm.allocate(0, [0] * r.prompt_len)
-        for child in range(1, n):
-            bm.fork(0, child)
-        for step in range(1, r.output_len + 1):
-            for s in range(n):
-                bm.append_token(s, 0)
-            shared += bm.num_used_blocks
-            independent += n * -(-(r.prompt_len + step) // block_size)
-    return 1.0 - shared / independent

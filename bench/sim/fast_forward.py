@@ -36,7 +36,7 @@ event's own step too when it is a finish, a preemption or an admission (``event`
   and block ids are those of step-by-step simulation.
 
 Paged without a prefix cache and with the mixed policy, the runs go through a
-:class:`~pagedbench.bench.sim_decode_session.DecodeSession`, which keeps the running sequences' tokens
+:class:`~pagedbench.bench.sim.decode_session.DecodeSession`, which keeps the running sequences' tokens
 lazy from one run to the next, so that a run costs its steps, takes and events rather than a pass over
 the batch; it hands back to the plain runs here whenever it does not model a step.
 
@@ -50,9 +50,9 @@ from __future__ import annotations
 import math
 import operator
 
-from pagedbench.bench.sim_admission import admit
-from pagedbench.bench.sim_decode_session import DecodeSession
-from pagedbench.bench.sim_run_clock import clock_steps, decode_run_of
+from pagedbench.bench.sim.admission import admit
+from pagedbench.bench.sim.decode_session import DecodeSession
+from pagedbench.bench.sim.run_clock import clock_steps, decode_run_of
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepShape
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.sequence import SequenceStatus
@@ -64,7 +64,7 @@ MIN_RUN = 1  # the fewest steps a run takes: even one decode step costs less as 
 
 
 class FastForward:
-    """Advances a serving simulation's run (``serving_sim._Run``) over runs of decode steps."""
+    """Advances a serving simulation's run (:class:`~pagedbench.bench.sim.run.SimRun`) over runs of decode steps."""
 
     __slots__ = ("bm", "bs", "clock", "decode_run", "event", "executor", "finishers", "held", "hit_blocks", "lazy",
                  "paged", "refused", "refused_last", "sched", "session", "survivors", "victims")

@@ -16,10 +16,11 @@ from pagedbench.bench.common.slo import PRESETS, SLOError, parse_slo
 from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
-from pagedbench.bench.serving_sim import AllocatorSpec
+from pagedbench.bench.sim.records import AllocatorSpec
+from pagedbench.bench.sim.settings import Dataset, Setting
 from pagedbench.bench.workloads import trace_formats
 
-CONFIG = Path(__file__).resolve().parent / "configs" / "serving.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serving.yaml"
 _KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",
          "max_num_batched_tokens", "watermark", "gpu_memory_utilization", "thresholds", "low_load_requests",
          "bisection_steps", "seeds", "memory_points", "workers", "span_s", "warmup_frac", "cooldown_frac",
@@ -29,34 +30,6 @@ _KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_se
 
 class ServingConfigError(ValueError):
     """A bad serving config: names the file, the option, and what is known."""
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    name: str
-    model: str
-    hardware: str
-    max_seq_len: int | None = None  # None: the model's context (max_position_embeddings)
-    span_s: float | None = None  # simulated seconds of arrivals per point (None: the study's span_s)
-    note: str = ""  # why this setting is in the study (shown in the report)
-
-
-@dataclass(frozen=True, slots=True)
-class Dataset:
-    name: str
-    dataset: str = ""  # a synthetic dataset (workloads.DATASETS), or
-    trace: str = ""  # a request trace: a shipped trace's name or a file (bench/workloads/trace_spans.py replays it)
-    over_context: str = "drop"  # a trace's requests past max_seq_len: drop or clip (never error mid-study)
-    shared_prefix_len: int = 0  # tokens of a system prompt every request starts with
-    prefix_caching: bool = False  # the paged manager's prefix cache (Orca cannot share)
-    max_seq_len: int | None = None  # overrides the setting's (checked against the model's context too)
-    settings: tuple[str, ...] | None = None  # the settings it runs on (None: all)
-    kinds: tuple[str, ...] | None = None  # the KV manager kinds it runs with (None: all)
-    policies: tuple[str, ...] | None = None  # the scheduler policies it runs with (None: the comparison rule)
-    span_s: float | None = None  # overrides the setting's span
-
-    def runs_on(self, setting: Setting) -> bool:
-        return self.settings is None or setting.name in self.settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """A run of simulated steps on the serving simulator's clock: the steps' ends, with the arrivals and
 the window a step-by-step run would see (:func:`clock_steps`), and decode steps' durations without
 building each step's shape (:func:`decode_run_of`). Shared by the fast-forward's runs
-(:mod:`pagedbench.bench.sim_fast_forward`, :mod:`pagedbench.bench.sim_decode_session`)."""
+(:mod:`pagedbench.bench.sim.fast_forward`, :mod:`pagedbench.bench.sim.decode_session`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def clock_steps(run, k_max: int, duration: Callable[[int], float] | float) -> li
     itself, a float: every step's), with the arrivals step-by-step simulation would see at each step's
     start; returns each step's end (the time its tokens are out). Fewer steps when a step would start past
     the window without drain or at an arrival with the queue empty (it could be admitted), or after a step
-    that the overload test of a step-by-step run would look at (``serving_sim._Run._count``): one that
+    that the overload test of a step-by-step run would look at (``SimRun._count``): one that
     ends past the window, or (``stop_on_overload``) one an arrival preceded.
 
     The time is added up in a local float, step by step as the clock's own ``advance`` adds it (the same
