@@ -1,6 +1,6 @@
 """Sweeps of independent points: the local process pool by default, a Ray cluster when given an address.
 
-A point is a pure function of its (picklable) inputs, as :func:`pagedbench.bench.serving_study.run_point`
+A point is a pure function of its (picklable) inputs, as :func:`pagedbench.bench.studies.serving.study.run_point`
 is: the same inputs give the same result wherever it runs, so a sweep's results do not depend on the
 backend, and a point's cache (keyed by the hash of its inputs) stays valid across machines.
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pagedbench.bench import calibrate_online
-from pagedbench.bench.calibrate_config import CONFIG, load_config
-from pagedbench.bench.calibrate_online import StepLog, serve_online, serve_simulated_online, step_error
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.sim.run import default_manager
 from pagedbench.bench.sim.simulator import AllocatorSpec, constant_step
+from pagedbench.bench.studies.calibrate import online as calibrate_online
+from pagedbench.bench.studies.calibrate.config import CONFIG, load_config
+from pagedbench.bench.studies.calibrate.online import StepLog, serve_online, serve_simulated_online, step_error
 from pagedbench.bench.tests.test_calibrate_online import STEP_S, _trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
