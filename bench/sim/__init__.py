@@ -8,8 +8,9 @@ a simulated clock, with step times from a constant or the cost model.
   with the same schedule as step by step.
 - ``group_replay``: parallel samples and replayed beam searches as request groups; ``sharing``: the memory
   sharing saves a group on the block manager alone.
-- ``settings``, ``points``, ``capacity_search``: the serving method over the simulator (a setting and a
-  dataset, one point at one rate, capacities and their intervals), which the serving studies share.
+- ``settings``, ``points``, ``serving_search``, ``capacity_search``: the serving method over the simulator
+  (a setting and a dataset, one point at one rate, a point's capacities searched, their intervals), which
+  the serving studies share.
 
 Imports no study.
 """
