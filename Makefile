@@ -111,7 +111,7 @@ bench: install
 	$(PY) -m pagedbench.bench
 
 # On a Ray cluster (the `ray` extra; `ray start --head` on one machine, `ray start --address=HEAD:6379` on the
-# others), sweeps that run through bench/sweep_runner.py (serve-sim, the serving study, Fig. 14) take
+# others), sweeps that run through bench/common/sweep_runner.py (serve-sim, the serving study, Fig. 14) take
 # `--address HEAD:6379` or RAY_ADDRESS=HEAD:6379: `RAY_ADDRESS=HEAD:6379 make bench-full` runs the full sweeps
 # there, and e.g.
 # RAY_ADDRESS=HEAD:6379 $(PY) -m pagedbench.bench serve-sim --trace azure-conv --model llama-3.1-8b --gpu h100-sxm --over-context drop

@@ -1,6 +1,7 @@
 """`python -m pagedbench.bench` (what `make bench` runs): every study with its default config, results to results/.
 
-Each study is a module ``pagedbench.bench.<name>`` with ``main(argv: list[str]) -> None``.
+Each study is a module (``STUDY_MODULES``: most are ``pagedbench.bench.studies.<study>.study``) with
+``main(argv: list[str]) -> None``.
 ``python -m pagedbench.bench STUDY [ARGS...]`` runs one study with its own arguments (e.g. ``calibrate
 --quick``); ``python -m pagedbench.bench prepare-model smollm2`` prepares the real test model.
 """
@@ -12,12 +13,20 @@ import importlib
 import sys
 import time
 
-STUDIES = ("costmodel.vidur_fit", "memory_study", "serving_study", "sim_speed", "calibrate", "calibrate_online",
-           "host_cost", "kernel_study", "throughput_study", "engine_vs_hf", "batch_invariance",
-           "load_speed", "beam_study", "beam_serving")
-COMMANDS = {**{name: name for name in STUDIES}, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
-            "serve-sim": "serve_sim", "loadgen": "loadgen",
-            "server_overhead": "server_overhead"}
+#: each study by the name ``--only`` and ``python -m pagedbench.bench NAME`` know it -> its module
+STUDY_MODULES = {
+    "costmodel.vidur_fit": "costmodel.vidur_fit", "memory_study": "studies.memory.study",
+    "serving_study": "studies.serving.study", "sim_speed": "studies.sim_speed.study",
+    "calibrate": "studies.calibrate.study", "calibrate_online": "studies.calibrate.online",
+    "host_cost": "studies.host_cost.study", "kernel_study": "studies.kernels.study",
+    "throughput_study": "studies.throughput.study", "engine_vs_hf": "studies.engine_vs_hf.study",
+    "batch_invariance": "studies.batch_invariance.study", "load_speed": "studies.load_speed.study",
+    "beam_study": "studies.beam.study", "beam_serving": "studies.beam.serving",
+}
+STUDIES = tuple(STUDY_MODULES)
+COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
+            "serve-sim": "studies.serve_sim.study", "loadgen": "loadgen",
+            "server_overhead": "studies.server_overhead.study"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or STUDIES:
         print(f"\n=== bench: {name} ===", flush=True)
         start = time.perf_counter()
-        module = importlib.import_module(f"pagedbench.bench.{name}")
+        module = importlib.import_module(f"pagedbench.bench.{STUDY_MODULES[name]}")
         module.main(["--full"] if args.full else [])
         print(f"=== {name}: {time.perf_counter() - start:.1f} s ===", flush=True)
     return 0

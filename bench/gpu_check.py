@@ -10,7 +10,7 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
    bandwidth at >= 256 MB of KV, paged / contiguous time, and beside torch's SDPA (and FlashAttention or
    FlashInfer when installed). Goals: paged >= 85% of copy bandwidth, paged / contiguous <= 1.05;
 3. ``decode_sweep``: the decode kernel's plans (tiles, warps, pipeline depth, splits)
-   timed paged and contiguous (``bench.decode_sweep``), the evidence for the launcher's defaults;
+   timed paged and contiguous (``bench.studies.kernels.decode_sweep``), the evidence for the launcher's defaults;
 4. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
    ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous, then each step of the same
    batch split into attention, the rest of the forward and the host (``bench.step_breakdown``);
@@ -106,7 +106,7 @@ def _sdpa_ms(w, x) -> float:
 
 
 def check_kernels(out: Path) -> dict:
-    from pagedbench.bench import kernel_study
+    from pagedbench.bench.studies.kernels import study as kernel_study
 
     cfg = {"warmup_ms": 25, "rep_ms": 100}
     copy_gbps = kernel_study.copy_bandwidth_gbps(1 << 30, 25, 100)
@@ -160,9 +160,9 @@ def check_engine(out: Path) -> dict:
 
 
 def check_calibration(out: Path) -> dict:
-    if importlib.util.find_spec("pagedbench.bench.calibrate") is None:
+    if importlib.util.find_spec("pagedbench.bench.studies.calibrate.study") is None:
         return {"passed": None, "summary": "skipped: this version has no calibration study"}
-    cmd = [sys.executable, "-m", "pagedbench.bench.calibrate", "--out", str(out)]
+    cmd = [sys.executable, "-m", "pagedbench.bench.studies.calibrate.study", "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return {"passed": run.returncode == 0, "tail": run.stdout[-1500:] + run.stderr[-1500:],
             "summary": "calibrated, see calibration.md" if run.returncode == 0 else "calibration failed"}
@@ -188,12 +188,13 @@ def check_families(out: Path) -> dict:
 
 
 def check_decode_sweep(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "pagedbench.bench.decode_sweep", "--out", str(out), "--time-limit-s", "80"]
+    cmd = [sys.executable, "-m", "pagedbench.bench.studies.kernels.decode_sweep", "--out", str(out),
+           "--time-limit-s", "80"]
     returncode, tail = _run_logged(cmd, out / "decode_sweep.log", 160)
     sweep = out / "decode_plans.json"
     if returncode != 0 or not sweep.exists():
         return {"passed": False, "tail": tail, "summary": "sweep failed; see decode_sweep.log"}
-    from pagedbench.bench import decode_sweep
+    from pagedbench.bench.studies.kernels import decode_sweep
 
     parts = []
     for res in json.loads(sweep.read_text())["workloads"]:
@@ -216,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"gpu-check: {device}: nothing checked. Run `make gpu-check` on a machine with an NVIDIA GPU.")
         return 2
-    from pagedbench.bench import records
-    from pagedbench.bench.environment import environment
+    from pagedbench.bench.common import records
+    from pagedbench.bench.common.environment import environment
 
     start = time.perf_counter()
     records.write_json(args.out / "environment.json", environment())

@@ -3,9 +3,9 @@
 ``python -m pagedbench.bench loadgen --url http://127.0.0.1:8000 --trace azure-conv [--requests N]
 [--arrivals trace|poisson|gamma|constant --rate R] [--time-scale S] [--vocab-size V] [--out FILE.json]``
 
-The trace is read by :func:`pagedbench.bench.trace_formats.load_trace` (any format it reads, or a shipped
+The trace is read by :func:`pagedbench.bench.workloads.trace_formats.load_trace` (any format it reads, or a shipped
 trace by name); its arrival times are its own (``--time-scale`` stretches or compresses them) or drawn
-by :mod:`pagedbench.bench.arrivals`. Each request is sent at its arrival time as a streaming
+by :mod:`pagedbench.bench.workloads.arrivals`. Each request is sent at its arrival time as a streaming
 ``POST /v1/completions`` whose prompt is token ids (:func:`trace_formats.prompt_token_ids`, so a
 trace's shared prefixes stay shared; ``--vocab-size`` folds them into a small model's vocabulary) and
 whose ``max_tokens`` is the trace's output length, held to it by ``ignore_eos`` (vLLM's extra
@@ -14,7 +14,7 @@ parameter, the default), ``min_tokens`` (ours and vLLM's), or nothing (``--lengt
 Only the HTTP API is used, so the same command drives vLLM or SGLang. Per request it records when it
 was sent and when each streamed token arrived (a chunk's time for each token it carries: the
 ``token_ids`` field when the server sends one, else one token per non-empty chunk), and derives the
-serving study's metrics with its definitions and key names (:mod:`pagedbench.bench.serving_metrics`:
+serving study's metrics with its definitions and key names (:mod:`pagedbench.bench.common.serving_metrics`:
 TTFT, TPOT without the first token, ITL, E2E; the send time is the arrival). Queueing delay is not
 observable from a client: its keys are left out. A request that gets an HTTP error, a broken stream or
 a time-out is *failed*: counted and listed apart, never in the latencies. Offered rate (the schedule's
@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pagedbench.bench import arrivals, records, trace_formats
-from pagedbench.bench import environment as env_mod
-from pagedbench.bench.serving_metrics import RequestTiming, request_metrics, summarize
-from pagedbench.bench.workloads import Request
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
+from pagedbench.bench.common.serving_metrics import RequestTiming, request_metrics, summarize
+from pagedbench.bench.workloads import Request, arrivals, trace_formats
 
 LENGTH_CONTROLS = ("ignore_eos", "min_tokens", "none")
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pagedbench.bench.calibrate_online import StepLog, serve_online, serve_simulated_online, step_error
-from pagedbench.bench.calibrate_steps import TimedStep, fit, predicted_s, samples_of
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
 from pagedbench.bench.costmodel.wake_cost import with_wake
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, constant_step, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, constant_step, simulate
+from pagedbench.bench.studies.calibrate.online import StepLog, serve_online, serve_simulated_online, step_error
+from pagedbench.bench.studies.calibrate.steps import TimedStep, fit, predicted_s, samples_of
 from pagedbench.bench.tests.test_calibrate_online import STEP_S, _spec, _stub_core, _trace
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine.engine.core import StepShape

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pagedbench.bench import arrivals
-from pagedbench.bench.workloads import Request
+from pagedbench.bench.workloads import Request, arrivals
 
 N = 20_000
 

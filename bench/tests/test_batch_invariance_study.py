@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench import batch_invariance, load_speed
+from pagedbench.bench.studies.batch_invariance import study as batch_invariance
+from pagedbench.bench.studies.load_speed import study as load_speed
 from pagedbench.refengine import ModelConfig, load_model
 
 HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 16,

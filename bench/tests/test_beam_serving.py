@@ -8,9 +8,10 @@ import hashlib
 import json
 
 import pytest
-from pagedbench.bench import beam_serving, beam_serving_report
-from pagedbench.bench.serving_points import SIM_VERSION, cost_model
-from pagedbench.bench.serving_sim import AllocatorSpec
+from pagedbench.bench.sim.points import SIM_VERSION, cost_model
+from pagedbench.bench.sim.simulator import AllocatorSpec
+from pagedbench.bench.studies.beam import serving as beam_serving
+from pagedbench.bench.studies.beam import serving_report as beam_serving_report
 
 
 def _search(group: str, allocator: str, seed: int, cap: float | None, failing: float | None) -> dict:

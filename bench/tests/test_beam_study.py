@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench import beam_study
-from pagedbench.bench.serving_sim import sharing_saving
+from pagedbench.bench.sim.sharing import sharing_saving
+from pagedbench.bench.studies.beam import study as beam_study
 from pagedbench.bench.workloads import Request
 
 

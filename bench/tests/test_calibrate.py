@@ -11,10 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from pagedbench.bench import calibrate
-from pagedbench.bench.calibrate_config import CONFIG, join_pairs, load_config, model_config
-from pagedbench.bench.calibrate_report import write_atomic
-from pagedbench.bench.calibrate_steps import (
+from pagedbench.bench.costmodel import ProfileError, StepBatch
+from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
+from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
+from pagedbench.bench.costmodel.calibration import TERMS, StepSample, fit_batched_profile, term_identifiability
+from pagedbench.bench.studies.calibrate import study as calibrate
+from pagedbench.bench.studies.calibrate.config import CONFIG, join_pairs, load_config, model_config
+from pagedbench.bench.studies.calibrate.report import write_atomic
+from pagedbench.bench.studies.calibrate.steps import (
     StepGrid,
     TimedStep,
     build_engine,
@@ -22,11 +26,7 @@ from pagedbench.bench.calibrate_steps import (
     run_engine,
     step_batch,
 )
-from pagedbench.bench.calibrate_validation import compare, serve_real, serve_simulated, validation_trace
-from pagedbench.bench.costmodel import ProfileError, StepBatch
-from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
-from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
-from pagedbench.bench.costmodel.calibration import TERMS, StepSample, fit_batched_profile, term_identifiability
+from pagedbench.bench.studies.calibrate.validation import compare, serve_real, serve_simulated, validation_trace
 from pagedbench.refengine import ModelConfig, load_model
 from pagedbench.refengine.engine.core import StepShape
 
@@ -274,7 +274,7 @@ def test_atomic_write_keeps_the_old_file_when_the_replace_fails(tmp_path, monkey
     def fail(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pagedbench.bench.calibrate_report.os.replace", fail)
+    monkeypatch.setattr("pagedbench.bench.studies.calibrate.report.os.replace", fail)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, "new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]

@@ -8,12 +8,13 @@ import json
 
 import numpy as np
 import pytest
-from pagedbench.bench import calibrate_online
-from pagedbench.bench.calibrate_config import CONFIG, load_config
-from pagedbench.bench.calibrate_online import load_cost, serve_online, serve_simulated_online
-from pagedbench.bench.online_compare import compare_runs, ks_statistic
-from pagedbench.bench.serving_sim import AllocatorSpec, _manager, constant_step
-from pagedbench.bench.throughput_study import Trace
+from pagedbench.bench.sim.run import default_manager
+from pagedbench.bench.sim.simulator import AllocatorSpec, constant_step
+from pagedbench.bench.studies.calibrate import online as calibrate_online
+from pagedbench.bench.studies.calibrate.config import CONFIG, load_config
+from pagedbench.bench.studies.calibrate.online import load_cost, serve_online, serve_simulated_online
+from pagedbench.bench.studies.calibrate.online_compare import compare_runs, ks_statistic
+from pagedbench.bench.workloads.token_traces import Trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 
@@ -47,7 +48,7 @@ def _spec():
 def _stub_core(spec, step_s: float) -> EngineCore:
     """An engine with the simulator's scheduler settings whose every step lasts ``step_s`` simulated seconds."""
     sim_cfg = calibrate_online._sim_config(spec)
-    bm = _manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
+    bm = default_manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
     sched = Scheduler(bm, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                       stop=StopRule(frozenset(), spec.max_model_len), policy="mixed",
                       prefix_caching=spec.enable_prefix_caching, watermark_blocks=0)
@@ -132,8 +133,8 @@ def test_compare_reads_the_error_against_the_mean_of_two_real_runs_and_their_spr
 
 
 def test_report_states_the_goal_and_every_metric_row() -> None:
-    from pagedbench.bench.environment import environment
-    from pagedbench.bench.online_report import render_markdown
+    from pagedbench.bench.common.environment import environment
+    from pagedbench.bench.studies.calibrate.online_report import render_markdown
 
     spec, (trace, arrivals) = _spec(), _trace()
     core = _stub_core(spec, STEP_S)
@@ -159,8 +160,8 @@ def test_report_states_the_goal_and_every_metric_row() -> None:
 
 
 def test_busy_wall_time_is_the_union_of_the_requests_spans() -> None:
-    from pagedbench.bench.calibrate_online import _busy_wall_s
-    from pagedbench.bench.serving_metrics import RequestTiming
+    from pagedbench.bench.common.serving_metrics import RequestTiming
+    from pagedbench.bench.studies.calibrate.online import _busy_wall_s
 
     spans = [(0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (3.0, 4.0)]  # overlapping, nested, apart: 2 + 1
     timings = [RequestTiming(i, a, 1, 1, a, (b,)) for i, (a, b) in enumerate(spans)]
@@ -169,7 +170,7 @@ def test_busy_wall_time_is_the_union_of_the_requests_spans() -> None:
 
 
 def test_step_error_on_every_step_the_loop_reports() -> None:
-    from pagedbench.bench.calibrate_online import step_error
+    from pagedbench.bench.studies.calibrate.online import step_error
     from pagedbench.refengine.engine.core import StepShape
 
     spec, (trace, arrivals) = _spec(), _trace()
@@ -193,7 +194,7 @@ def test_step_error_on_every_step_the_loop_reports() -> None:
 
 
 def test_step_log_flags_the_steps_that_wake_an_idle_engine() -> None:
-    from pagedbench.bench.calibrate_online import StepLog
+    from pagedbench.bench.studies.calibrate.online import StepLog
 
     spec, (trace, arrivals) = _spec(), _trace()
     log = StepLog()
@@ -213,8 +214,8 @@ def test_step_log_flags_the_steps_that_wake_an_idle_engine() -> None:
 def test_report_shows_the_in_process_fit_beside_the_published_one() -> None:
     """A second model (the grid refit in the check's own process) gets its own verdict and tables; a record
     without one (--no-refit) gets no such section."""
-    from pagedbench.bench.environment import environment
-    from pagedbench.bench.online_report import render_markdown
+    from pagedbench.bench.common.environment import environment
+    from pagedbench.bench.studies.calibrate.online_report import render_markdown
 
     spec, (trace, arrivals) = _spec(), _trace()
     core = _stub_core(spec, STEP_S)
@@ -244,7 +245,7 @@ def test_report_shows_the_in_process_fit_beside_the_published_one() -> None:
 def test_step_log_measures_an_idle_wait_to_the_arrival_the_loop_waited_for() -> None:
     """To the arrival, not to the step's start (the loop's pick-up comes after it); a step of an idle engine whose
     arrival came during the previous step had no wait: its gap is to its own start, not to an earlier wait's."""
-    from pagedbench.bench.calibrate_online import StepLog
+    from pagedbench.bench.studies.calibrate.online import StepLog
 
     spec = _spec()
     core = _stub_core(spec, STEP_S)

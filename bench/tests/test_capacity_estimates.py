@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from pagedbench.bench.capacity_search import (
+from pagedbench.bench.sim.capacity_search import (
     compare,
     estimate,
     find_capacity,
@@ -117,7 +117,7 @@ def test_replicates_are_added_until_every_estimate_is_within_five_percent():
 
 
 def test_a_tie_is_called_only_when_the_paired_interval_holds_one():
-    from pagedbench.bench.capacity_search import Estimate
+    from pagedbench.bench.sim.capacity_search import Estimate
 
     assert paired_verdict(Estimate(1.0, 0.97, 1.03, 5)) == "tie"
     assert paired_verdict(Estimate(1.1, 1.01, 1.2, 5)) == "higher"
@@ -126,7 +126,7 @@ def test_a_tie_is_called_only_when_the_paired_interval_holds_one():
 
 
 def test_needs_more_replicates_names_the_wide_ones_widest_first():
-    from pagedbench.bench.capacity_search import Estimate
+    from pagedbench.bench.sim.capacity_search import Estimate
 
     e = {"narrow": Estimate(1.0, 0.98, 1.02, 6), "wide": Estimate(1.0, 0.5, 2.0, 6),
          "wider": Estimate(1.0, 0.2, 5.0, 6), "one": Estimate(1.0, 1.0, 1.0, 1)}

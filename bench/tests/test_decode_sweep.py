@@ -3,7 +3,8 @@
 import time
 
 import torch
-from pagedbench.bench import decode_sweep, kernel_study
+from pagedbench.bench.studies.kernels import decode_sweep
+from pagedbench.bench.studies.kernels import study as kernel_study
 from pagedbench.kernels import attention
 
 TINY = kernel_study.Workload(2, 40, 4, 4, 2, 16, "float32")

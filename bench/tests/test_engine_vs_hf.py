@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from pagedbench.bench import engine_vs_hf
-from pagedbench.bench.engine_vs_hf_report import markdown
-from pagedbench.bench.environment import environment
+from pagedbench.bench.common.environment import environment
+from pagedbench.bench.studies.engine_vs_hf import study as engine_vs_hf
+from pagedbench.bench.studies.engine_vs_hf.report import markdown
 
 
 def test_verdict_is_met_at_the_goal_and_not_below():

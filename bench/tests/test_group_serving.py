@@ -5,8 +5,8 @@ whole and leak nothing, a group is timed and counted as one request, and bad gro
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.sim.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads import Request, synthetic
 from pagedbench.refengine import BlockManager
 

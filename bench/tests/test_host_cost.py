@@ -3,7 +3,7 @@ interquartile-range filter alone cannot see."""
 
 from __future__ import annotations
 
-from pagedbench.bench import host_cost
+from pagedbench.bench.studies.host_cost import study as host_cost
 
 
 def test_a_uniform_slowdown_invalidates_the_run():

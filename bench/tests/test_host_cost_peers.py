@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 
 import pytest
-from pagedbench.bench import host_cost, host_cost_peers
-from pagedbench.bench.host_cost_peers import WorkerCommand
+from pagedbench.bench.studies.host_cost import peers as host_cost_peers
+from pagedbench.bench.studies.host_cost import study as host_cost
+from pagedbench.bench.studies.host_cost.peers import WorkerCommand
 
 
 def test_absent_peers_are_located_with_a_reason(tmp_path):
@@ -95,7 +96,7 @@ def test_vllm_v1_block_manager_runs_in_the_peers_venv():
         pytest.skip("no peers venv (make peers)")
     trace = {"prompts": [[1, 2, 3, 4] * 5, [1, 2, 3, 4] * 5], "decode_tokens": [[7, 8]] * 4, "block_size": 16,
              "num_blocks": 32, "prefix_caching": True, "nano_vllm_path": None}
-    run = subprocess.run([str(python), str(root / "bench" / "host_cost_worker.py"), "vllm-v1"],
+    run = subprocess.run([str(python), str(root / "bench" / "studies" / "host_cost" / "peer_worker.py"), "vllm-v1"],
                          input=json.dumps(trace) + "\nround\nquit\n", capture_output=True, text=True, timeout=300,
                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     answers = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

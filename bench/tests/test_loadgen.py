@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from pagedbench.bench import arrivals, loadgen, trace_formats
-from pagedbench.bench.workloads import Request
+from pagedbench.bench import loadgen
+from pagedbench.bench.workloads import Request, arrivals, trace_formats
 from pagedbench.refengine import LLM
 from pagedbench.refengine.cli import resolve_model
 from pagedbench.refengine.server.launch import start_in_thread

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from pagedbench.bench.progress import NO_PROGRESS_ENV, progress_enabled
+from pagedbench.bench.common.progress import NO_PROGRESS_ENV, progress_enabled
 
 
 class Terminal(io.StringIO):

@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from pagedbench.bench import records
+from pagedbench.bench.common import records
 
 
 def test_write_json_replaces_whole(tmp_path):

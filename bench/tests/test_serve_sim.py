@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench import serve_sim, trace_formats
+from pagedbench.bench.studies.serve_sim import study as serve_sim
+from pagedbench.bench.workloads import trace_formats
 
 FILES = {
     "azure.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
@@ -86,7 +87,7 @@ def test_shipped_trace_by_name(tmp_path, monkeypatch):
 
 
 def test_capacity_is_the_highest_rate_below_the_first_failure():
-    from pagedbench.bench.serve_sim_report import capacity
+    from pagedbench.bench.studies.serve_sim.report import capacity
 
     rows = [{"rate_rps": r, "meets_slo": ok} for r, ok in [(1, True), (2, True), (4, False), (8, True)]]
     assert capacity(rows) == 2  # a noisy pass above a failure does not count
@@ -94,8 +95,8 @@ def test_capacity_is_the_highest_rate_below_the_first_failure():
 
 
 def test_goodput_counts_requests_meeting_the_slo():
-    from pagedbench.bench.serve_sim_report import metrics
-    from pagedbench.bench.serving_sim import Shares, SimResult
+    from pagedbench.bench.sim.simulator import Shares, SimResult
+    from pagedbench.bench.studies.serve_sim.report import metrics
     from pagedbench.bench.workloads import Request
 
     trace = (Request(1, 5, 10, 1.0), Request(0, 5, 2, 0.0))  # served in arrival order: request 0 first

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from pagedbench.bench import server_overhead
+from pagedbench.bench.studies.server_overhead import study as server_overhead
 
 
 def test_study_writes_its_figures(tmp_path, monkeypatch):

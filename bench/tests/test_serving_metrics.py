@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench.serving_metrics import MetricsError, RequestTiming, request_metrics, summarize
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.common.serving_metrics import MetricsError, RequestTiming, request_metrics, summarize
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.workloads import Request
 
 # A at 0 (prompt 2, 3 tokens), B at 0.5 (prompt 3, 2 tokens), C at 2.5 (prompt 3, 1 token); a step lasts

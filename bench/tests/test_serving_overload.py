@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from pagedbench.bench.capacity_search import find_capacity
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, constant_step, simulate
+from pagedbench.bench.sim.capacity_search import find_capacity
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, constant_step, simulate
 from pagedbench.bench.workloads import Request
 
 PAGED = AllocatorSpec("paged", 4)

@@ -9,8 +9,8 @@ import json
 import weakref
 
 import pytest
-from pagedbench.bench import memory_study
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, StepRecord, sharing_saving, simulate
+from pagedbench.bench.studies.memory import study as memory_study
 from pagedbench.bench.workloads import Request, synthetic
 from pagedbench.refengine import BlockManager
 
@@ -237,7 +237,7 @@ sharing: {dataset: alpaca, num_requests: 5, block_size: 16, n: [2]}
 
 
 def test_sim_speed_replays_the_block_managers_calls(tmp_path, monkeypatch):
-    from pagedbench.bench import sim_speed
+    from pagedbench.bench.studies.sim_speed import study as sim_speed
     from pagedbench.refengine.engine.core import EngineCore
 
     real_steps, real_step = [0], EngineCore.step
@@ -276,7 +276,7 @@ def test_trace_errors_name_file_line_and_field(tmp_path, line, message):
 def test_an_earlier_commits_simulator_is_timed_on_the_same_trace_in_a_subprocess():
     """HEAD's committed simulator, imported from its extracted copy (not the installed package), serves the trace
     as this one does; a commit this clone lacks is reported, not raised."""
-    from pagedbench.bench.sim_baseline import time_commit
+    from pagedbench.bench.studies.sim_speed.baseline import time_commit
     from pagedbench.bench.workloads import synthetic
 
     base = time_commit("HEAD", num_requests=40, rate=4.0, block_size=16, kv_slots=4096, repeats=2)
@@ -292,7 +292,7 @@ def test_an_earlier_commits_simulator_is_timed_on_the_same_trace_in_a_subprocess
 def test_sim_speed_takes_the_fastest_of_its_repeats_for_every_simulation(monkeypatch):
     """Each simulation runs ``repeats`` times and its time is the fastest run (the goal's simulator's too,
     asked for as many); the steps the engine's loop serves are counted per run, and bad counts are refused."""
-    from pagedbench.bench import sim_speed
+    from pagedbench.bench.studies.sim_speed import study as sim_speed
 
     asked = []
 
@@ -314,7 +314,7 @@ def test_sim_speed_takes_the_fastest_of_its_repeats_for_every_simulation(monkeyp
 
 
 def test_sim_speed_times_the_goals_simulator_only_on_the_same_schedule(monkeypatch):
-    from pagedbench.bench import sim_speed
+    from pagedbench.bench.studies.sim_speed import study as sim_speed
 
     def other(commit, **kw):  # an older simulator that served another schedule
         return {"commit": commit, "wall_s": 9.0, "cpu_s": 9.0, "generated_tokens": 1, "num_steps": 1,
@@ -339,7 +339,7 @@ def test_sim_speed_times_the_goals_simulator_only_on_the_same_schedule(monkeypat
 def test_sim_speed_times_each_run_with_no_earlier_result_alive():
     """A simulation's result holds millions of references; one kept alive slows the next run, so no timed run
     starts with an earlier one's result alive, and runs that compute differently are refused."""
-    from pagedbench.bench import sim_speed
+    from pagedbench.bench.studies.sim_speed import study as sim_speed
 
     class Result:
         def __init__(self, tokens: int) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pagedbench.bench import serving_study
-from pagedbench.bench.serving_config import ServingConfigError
+from pagedbench.bench.studies.serving import study as serving_study
+from pagedbench.bench.studies.serving.config import ServingConfigError
 
 TINY = {
     "settings": [{"name": "opt-13b@a100-40gb", "model": "opt-13b", "hardware": "a100-40gb"}],
@@ -103,7 +103,7 @@ def test_missing_key(tmp_path):
 
 
 def test_an_overloaded_point_fails_every_criterion_whatever_its_numbers():
-    from pagedbench.bench.serving_study import _passes
+    from pagedbench.bench.sim.serving_search import _passes
 
     met = {"slo": {"mlperf-llama-3.1-8b": {"met": True}}, "normalized_latency_s": 0.01}
     assert _passes({"overloaded": False, **met}, "2.0", 1.0) and _passes({"overloaded": False, **met},

@@ -1,4 +1,4 @@
-"""The fast-forward's admission (:func:`pagedbench.bench.sim_admission.admit`) is the scheduler's own
+"""The fast-forward's admission (:func:`pagedbench.bench.sim.admission.admit`) is the scheduler's own
 ``_admit``: the same chunks, budget, queue, running sequences, blocks and statistics (the refused
 allocation counted), with that allocation not made."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from pagedbench.bench.sim_admission import admit, first_refused
+from pagedbench.bench.sim.admission import admit, first_refused
 from pagedbench.refengine import BlockManager, SamplingParams
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence

@@ -7,9 +7,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from pagedbench.bench import serving_sim, trace_formats, workloads
-from pagedbench.bench.serving_sim import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.workloads import Request
+from pagedbench.bench import workloads
+from pagedbench.bench.sim import simulator as serving_sim
+from pagedbench.bench.sim.run import SimRun, default_manager
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.workloads import Request, trace_formats
 from pagedbench.refengine.engine.core import EngineCore
 
 
@@ -35,7 +37,7 @@ def _run(trace, spec, cfg, fast: bool, monkeypatch, **kw):
         return 0.004 + 1e-6 * sum(shape.decode_context_lens) + 3e-6 * shape.num_prefill_tokens
 
     def manager(spec, cfg):
-        managers.append(serving_sim._manager(spec, cfg))
+        managers.append(default_manager(spec, cfg))
         return managers[-1]
 
     real_step = EngineCore.step
@@ -115,7 +117,7 @@ def test_no_fast_forward_past_the_window_without_drain(monkeypatch):
 def test_on_step_is_called_after_each_run_with_the_sequences_told(monkeypatch):
     # without on_step a call of the run's step serves runs one after another; with it, one run a call, and
     # the running sequences hold every token (no decode session keeps them lazy)
-    from pagedbench.bench.sim_fast_forward import FastForward
+    from pagedbench.bench.sim.fast_forward import FastForward
 
     trace = _eventful(120, 1, 4)
     cfg = SimConfig(kv_slots=240, max_seq_len=80, max_num_seqs=24, watermark=0.05, step_s=0.01)
@@ -128,7 +130,7 @@ def test_on_step_is_called_after_each_run_with_the_sequences_told(monkeypatch):
         return done
 
     def manager(spec, cfg):
-        managers.append(serving_sim._manager(spec, cfg))
+        managers.append(default_manager(spec, cfg))
         return managers[-1]
 
     monkeypatch.setattr(FastForward, "advance", counting)
@@ -142,26 +144,26 @@ def test_on_step_is_called_after_each_run_with_the_sequences_told(monkeypatch):
                         for s in sched.running if s.num_computed_tokens))
 
     scheds = []
-    real_init = serving_sim._Run.__init__
+    real_init = SimRun.__init__
 
     def init(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         scheds.append(self.sched)
 
-    monkeypatch.setattr(serving_sim._Run, "__init__", init)
+    monkeypatch.setattr(SimRun, "__init__", init)
     with_calls = simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager, on_step=on_step)
     assert runs[0] > 20 and calls[0] >= runs[0] and all(told)
     runs[0] = 0
     managers.clear()
     scheds.clear()
     chained = []
-    real_step = serving_sim._Run.step
+    real_step = SimRun.step
 
     def counting_steps(self):
         chained.append(1)
         return real_step(self)
 
-    monkeypatch.setattr(serving_sim._Run, "step", counting_steps)
+    monkeypatch.setattr(SimRun, "step", counting_steps)
     assert simulate(trace, AllocatorSpec("paged", 4), cfg, account=False, make_manager=manager) == with_calls
     assert len(chained) < runs[0] / 2  # (the runs one after another in a call)
 
@@ -214,13 +216,13 @@ def _roofline():
     from pagedbench.bench.costmodel.hardware import load_hardware
     from pagedbench.bench.costmodel.models import load_model
     from pagedbench.bench.costmodel.step_cost import StepCostModel
-    from pagedbench.bench.serving_points import step_time_fn
+    from pagedbench.bench.sim.points import step_time_fn
 
     return step_time_fn(StepCostModel.from_profiles(load_model("opt-13b"), load_hardware("a100-40gb")))
 
 
 def test_decode_run_gives_each_steps_duration_as_its_shape_does():
-    from pagedbench.bench.sim_fast_forward import decode_run_of
+    from pagedbench.bench.sim.fast_forward import decode_run_of
     from pagedbench.refengine.engine.core import StepShape
 
     rng = np.random.default_rng(6)
@@ -240,7 +242,7 @@ def test_identical_with_the_roofline_step_time(rate):
     managers, runs = [], []
 
     def manager(spec, cfg):
-        managers.append(serving_sim._manager(spec, cfg))
+        managers.append(default_manager(spec, cfg))
         return managers[-1]
 
     for fast in (False, True):
@@ -251,7 +253,7 @@ def test_identical_with_the_roofline_step_time(rate):
 
 
 def test_a_run_behind_a_refused_head_ends_where_a_publication_could_give_it_a_hit():
-    from pagedbench.bench.sim_fast_forward import FastForward
+    from pagedbench.bench.sim.fast_forward import FastForward
 
     ff = object.__new__(FastForward)
     ff.bs = 16
@@ -345,7 +347,7 @@ def test_identical_with_a_constant_step_time(case):
     managers, runs = [], []
 
     def manager(spec, cfg):
-        managers.append(serving_sim._manager(spec, cfg))
+        managers.append(default_manager(spec, cfg))
         return managers[-1]
 
     for fast in (False, True):

@@ -1,4 +1,4 @@
-"""A run's clock (:func:`pagedbench.bench.sim_run_clock.clock_steps`) stops where a step-by-step run's loop
+"""A run's clock (:func:`pagedbench.bench.sim.run_clock.clock_steps`) stops where a step-by-step run's loop
 would look: after the first step ending past the window (its overload test), before a step starting past
 the window without drain, and before a step starting at an arrival the empty queue could admit."""
 
@@ -8,7 +8,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from pagedbench.bench.sim_run_clock import clock_steps
+from pagedbench.bench.sim.run_clock import clock_steps
 from pagedbench.refengine.engine.core import SimClock
 
 

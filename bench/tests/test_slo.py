@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench.capacity_search import compare, estimate, find_capacity
-from pagedbench.bench.serving_metrics import RequestMetrics
-from pagedbench.bench.slo import PRESETS, SLOError, attainment, parse_slo, request_goodput, slo_met
+from pagedbench.bench.common.serving_metrics import RequestMetrics
+from pagedbench.bench.common.slo import PRESETS, SLOError, attainment, parse_slo, request_goodput, slo_met
+from pagedbench.bench.sim.capacity_search import compare, estimate, find_capacity
 
 
 def metrics(ttft_s: float, tpot_s: float | None) -> RequestMetrics:
@@ -64,7 +64,7 @@ def test_seed_intervals_and_ties():
 
 
 def test_paired_ratio_cancels_the_seeds_noise_and_keeps_the_bisections_resolution():
-    from pagedbench.bench.capacity_search import ratio_estimate
+    from pagedbench.bench.sim.capacity_search import ratio_estimate
 
     # both managers see the same arrivals per seed: the capacities move together, their ratio does not
     ours, theirs = [(20.0, 21.0), (30.0, 31.5), (40.0, 42.0)], [(10.0, 10.5), (15.0, 15.75), (20.0, 21.0)]

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pagedbench.bench import serve_sim, serving_study, sweep_runner
-from pagedbench.bench.serving_config import load_config
+from pagedbench.bench.common import sweep_runner
+from pagedbench.bench.studies.serve_sim import study as serve_sim
+from pagedbench.bench.studies.serving import study as serving_study
+from pagedbench.bench.studies.serving.config import load_config
 from pagedbench.bench.tests.test_serving_study import TINY
 
 TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench.environment import environment
-from pagedbench.bench.throughput_report import write_markdown, write_plot
-from pagedbench.bench.throughput_study import Run, Workload, make_trace, study_workload
+from pagedbench.bench.common.environment import environment
+from pagedbench.bench.studies.throughput.report import write_markdown, write_plot
+from pagedbench.bench.studies.throughput.study import Run, study_workload
+from pagedbench.bench.workloads.token_traces import Workload, make_trace
 from pagedbench.refengine import load_model
 
 CFG = dict(section="cpu", model="tiny-test", attention_backend="torch", block_size=4, kv_budget_slots=96,
@@ -55,7 +56,7 @@ def test_records_and_report(loaded, tmp_path):
 
 
 def test_paged_over_contiguous_per_model_against_the_aim():
-    from pagedbench.bench.throughput_report import paged_over_contiguous
+    from pagedbench.bench.studies.throughput.report import paged_over_contiguous
 
     def rec(model, name, allocator, tps):
         return {"model": model, "workload": {"name": name}, "implementation": {"allocator": allocator},
@@ -71,7 +72,7 @@ def test_paged_over_contiguous_per_model_against_the_aim():
 
 
 def test_smollm2_status_says_what_to_do(tmp_path):
-    from pagedbench.bench.throughput_study import smollm2_status
+    from pagedbench.bench.studies.throughput.study import smollm2_status
 
     cfg = {"section": "cpu", "smollm2": {"folder": str(tmp_path / "missing")}}
     assert "make model" in smollm2_status(cfg, True)

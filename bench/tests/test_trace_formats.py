@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pagedbench.bench import trace_formats as tf
 from pagedbench.bench.workloads import Request
+from pagedbench.bench.workloads import trace_formats as tf
 
 AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
          "2023-11-16 18:15:46.6805900,374,44\n"

@@ -7,10 +7,10 @@ import dataclasses
 import itertools
 
 import pytest
-from pagedbench.bench import serving_points, trace_spans
-from pagedbench.bench.serving_config import Dataset, Setting
-from pagedbench.bench.serving_sim import AllocatorSpec
-from pagedbench.bench.workloads import Request
+from pagedbench.bench.sim import points as serving_points
+from pagedbench.bench.sim.settings import Dataset, Setting
+from pagedbench.bench.sim.simulator import AllocatorSpec
+from pagedbench.bench.workloads import Request, trace_spans
 
 
 def trace(gaps: list[float]) -> tuple[Request, ...]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pagedbench.bench import calibrate_online
-from pagedbench.bench.calibrate_config import CONFIG, load_config
-from pagedbench.bench.calibrate_online import StepLog, serve_online, serve_simulated_online, step_error
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
-from pagedbench.bench.serving_sim import AllocatorSpec, _manager, constant_step
+from pagedbench.bench.sim.run import default_manager
+from pagedbench.bench.sim.simulator import AllocatorSpec, constant_step
+from pagedbench.bench.studies.calibrate import online as calibrate_online
+from pagedbench.bench.studies.calibrate.config import CONFIG, load_config
+from pagedbench.bench.studies.calibrate.online import StepLog, serve_online, serve_simulated_online, step_error
 from pagedbench.bench.tests.test_calibrate_online import STEP_S, _trace
 from pagedbench.refengine.engine.core import EngineCore, SimClock, SimulatedExecutor
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
@@ -63,7 +64,7 @@ def _waking_core(spec, state: dict) -> EngineCore:
     """A stub engine: every step lasts STEP_S, and the i-th after the loop's idle wait of g seconds lasts
     STEP_S + WAKE(g)[i] (``state['extra']``, set by :func:`_wait`)."""
     sim_cfg = calibrate_online._sim_config(spec)
-    bm = _manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
+    bm = default_manager(AllocatorSpec("paged", spec.block_size), sim_cfg)
     sched = Scheduler(bm, max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                       stop=StopRule(frozenset(), spec.max_model_len), policy="mixed",
                       prefix_caching=spec.enable_prefix_caching, watermark_blocks=0)

@@ -1,0 +1,1 @@
+"""What ``batch_invariant=True`` costs: the engine's wall time against the default mode's (``study``)."""

@@ -1,0 +1,1 @@
+"""Every kernel compiled for a CUDA target without a GPU, as a published result (``study``)."""

@@ -1,0 +1,1 @@
+"""The engine against Hugging Face ``generate`` on the same model (``study``, ``report``)."""

@@ -1,0 +1,1 @@
+"""Building ``LLM`` on SmolLM2 against reading its weight files (``study``)."""

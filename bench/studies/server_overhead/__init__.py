@@ -1,0 +1,1 @@
+"""What the HTTP server adds per streamed token and to TTFT at low load (``study``)."""

@@ -1,0 +1,3 @@
+"""How fast the simulator runs (``study``), against the simulator of an earlier commit timed in the
+same run (``baseline``).
+"""

@@ -1,0 +1,1 @@
+"""The engine itself, paged vs contiguous at equal KV memory (``study``, ``report``)."""
