@@ -13,7 +13,7 @@ and keeps to a time budget (default 240 s; a check that would start past it is s
    timed paged and contiguous (``bench.studies.kernels.decode_sweep``), the evidence for the launcher's defaults;
 4. ``engine``: tokens/s of the engine on a Llama-shaped bf16 model (``medium`` in
    ``bench/configs/models.yaml``) with CuPy block memory, paged and contiguous, then each step of the same
-   batch split into attention, the rest of the forward and the host (``bench.step_breakdown``);
+   batch split into attention, the rest of the forward and the host (``bench.common.step_breakdown``);
 5. ``calibration``: the step-time calibration of the serving study's cost model on this GPU;
 6. ``families``: the compiled kernels on the suite's ``slow`` grids of large blocks (256, 512) and long
    contexts (to 32K), and of GQA groups 12 and 16 (fp16 cases: a GPU path the interpreter cannot reach),
@@ -129,7 +129,7 @@ def check_kernels(out: Path) -> dict:
 
 def check_engine(out: Path) -> dict:
     import torch
-    from pagedbench.bench import step_breakdown
+    from pagedbench.bench.common import step_breakdown
     from pagedbench.refengine import LLM, ModelConfig, SamplingParams
 
     cfg_path = Path(__file__).resolve().parent / "configs" / "models.yaml"

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from pagedbench.bench import records
-from pagedbench.bench.serving_precision import groups, headlines
+from pagedbench.bench.common import records
+from pagedbench.bench.studies.serving.precision import groups, headlines
 
 PAPER_FIG2_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "paged": 0.963}
 PAPER_FIG12 = "the paper: vLLM sustains 1.7-2.7x Orca Oracle's and 2.7-8x Orca Max's rate (OPT-13B, ShareGPT)"

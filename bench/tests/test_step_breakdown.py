@@ -4,7 +4,7 @@ engine as it found it."""
 from __future__ import annotations
 
 import pytest
-from pagedbench.bench.step_breakdown import measure
+from pagedbench.bench.common.step_breakdown import measure
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams
 from pagedbench.refengine.cli import named_configs_path
 
@@ -28,7 +28,7 @@ def test_the_breakdown_counts_every_layers_attention_and_adds_up(allocator):
 
 
 def test_every_layer_call_is_timed():
-    from pagedbench.bench import step_breakdown
+    from pagedbench.bench.common import step_breakdown
 
     config = ModelConfig.from_yaml(named_configs_path(), name="tiny")
     llm = LLM(config, seed=0)
