@@ -58,7 +58,7 @@ def interleaved(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return both[:, 0], both[:, 1]
 
 
-def _int_fill(t: torch.Tensor) -> torch.Tensor:
+def column_slice(t: torch.Tensor) -> torch.Tensor:
     """An int tensor in a column slice of a wider one whose other columns hold -7 (never a block id)."""
     buf = torch.full((*t.shape[:-1], t.shape[-1] + 3), -7, dtype=t.dtype, device=t.device)
     view = buf[..., 1 : 1 + t.shape[-1]]
@@ -76,7 +76,7 @@ INPUT_LAYOUTS = {
                                               v_cache=restride(x.v_cache, (0, 2, 1, 3))),
     "kv-padded-blocks": lambda x: replace(x, k_cache=restride(x.k_cache, (0, 1, 2, 3), pad=(1, 3)),
                                           v_cache=restride(x.v_cache, (0, 1, 2, 3), pad=(1, 3))),
-    "tables-column-slice": lambda x: replace(x, block_tables=_int_fill(x.block_tables),
+    "tables-column-slice": lambda x: replace(x, block_tables=column_slice(x.block_tables),
                                              seq_lens=x.seq_lens.repeat_interleave(2)[::2]),
 }
 #: layout name -> how it lays out the NaN-filled out= buffer
