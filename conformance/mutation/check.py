@@ -97,7 +97,7 @@ TARGETS = (
     ),
     Target(
         "kernels/attention.py",
-        ("launch_arg_plus_one", "grid_minus_one"),
+        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
         (
             "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_decode.py",
@@ -109,7 +109,7 @@ TARGETS = (
     ),
     Target(
         "kernels/cache_ops.py",
-        ("launch_arg_plus_one", "grid_minus_one"),
+        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
         (
             "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_cache_ops.py",

@@ -229,3 +229,40 @@ def test_write_kv_into_strided_views(impl, layout):
         raise
     for s, w, name in zip(storages, want, ("k_cache", "v_cache")):
         checks.assert_bitwise_equal(s, w, what=f"{name}'s storage", context=context)
+
+
+#: layouts copy_blocks is given: the write layouts' cache ones, and strided pairs
+COPY_LAYOUTS = ("kv-interleaved", "kv-head-major-blocks", "kv-padded-blocks", "pairs-every-other-row")
+
+
+@pytest.mark.parametrize("layout", COPY_LAYOUTS)
+def test_copy_blocks_between_strided_blocks(impl, layout):
+    """copy_blocks on caches in an unusual layout: each destination block becomes its source, every other
+    element of the caches' storage is bit-for-bit as before; a refusal leaves the storage as it was."""
+    gen = torch.Generator().manual_seed(72)
+    dev = impl.device
+    shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache, v_cache = (torch.randn(shape, generator=gen).to(dev) for _ in range(2))
+    none = torch.empty(0, NUM_KV_HEADS, HEAD_DIM, device=dev)
+    pairs = torch.tensor([[NUM_BLOCKS - 1, 0], [2, 4]], dtype=torch.int64, device=dev)
+    if layout in WRITE_LAYOUTS:
+        _, _, k_cache, v_cache, _ = WRITE_LAYOUTS[layout](none, none, k_cache, v_cache, None)
+    else:  # each pair on every other row of a wider tensor (row stride 4)
+        pairs = pairs.repeat_interleave(2, dim=0)[::2]
+    storages = [storage_of(c) for c in (k_cache, v_cache)]
+    before = [s.clone() for s in storages]
+    want = [s.clone() for s in storages]
+    if k_cache.untyped_storage().data_ptr() == v_cache.untyped_storage().data_ptr():  # one interleaved tensor
+        want[1] = want[0]
+    want_k, want_v = same_view(k_cache, want[0]), same_view(v_cache, want[1])
+    for src, dst in pairs.tolist():
+        want_k[dst], want_v[dst] = want_k[src].clone(), want_v[src].clone()
+    context = f"copy_blocks/{layout}"
+    try:
+        call_or_refused(context, lambda: impl.copy_blocks(k_cache, v_cache, pairs))
+    except pytest.skip.Exception:
+        for s, b in zip(storages, before):
+            checks.assert_bitwise_equal(s, b, what="the caches' storage after a refusal", context=context)
+        raise
+    for s, w, name in zip(storages, want, ("k_cache", "v_cache")):
+        checks.assert_bitwise_equal(s, w, what=f"{name}'s storage", context=context)
