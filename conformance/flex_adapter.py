@@ -37,9 +37,17 @@ def _flex():
 
 
 def _flex_view(cache: torch.Tensor) -> torch.Tensor:
-    """``[num_blocks, block_size, H, D]`` -> ``[1, H, num_blocks * block_size, D]`` (a view)."""
+    """``[num_blocks, block_size, H, D]`` -> ``[1, H, num_blocks * block_size, D]`` (a view). A cache whose
+    blocks are not one run of slots (padded or interleaved blocks) has no such view: not supported, since a
+    copy would send write_kv's tokens to the copy."""
     nb, bs, h, d = cache.shape
-    return cache.view(nb * bs, h, d).permute(1, 0, 2).unsqueeze(0)
+    try:
+        merged = cache.view(nb * bs, h, d)
+    except RuntimeError:
+        raise NotSupported(f"flex: FlexAttention's paged cache is one run of slots, so the cache's blocks must "
+                           f"lie block_size slots apart (stride(0) = block_size x stride(1)); got shape "
+                           f"{tuple(cache.shape)}, strides {tuple(cache.stride())}") from None
+    return merged.permute(1, 0, 2).unsqueeze(0)
 
 
 #: the eager path upcasts the whole cache (every physical slot) to float32 and scores every slot

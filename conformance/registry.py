@@ -11,7 +11,7 @@ from __future__ import annotations
 # Imported for their registrations: ours, PyTorch's FlexAttention, and the mutation check's.
 from pagedbench.conformance import batched_torch_adapter, flex_adapter, implementations  # noqa: F401
 from pagedbench.conformance.adapter import _REGISTRY, Implementation
-from pagedbench.conformance.mutation import mutants  # noqa: F401
+from pagedbench.conformance.mutation import layout_mutants, mutants  # noqa: F401
 
 __all__ = ["available", "expected_to_pass", "get", "listed", "mutant_names"]
 

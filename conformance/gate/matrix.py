@@ -49,6 +49,9 @@ PROPERTY_OF_MODULE = {
     "test_engine_metadata.py": "engine metadata",
     "test_batch_invariance.py": "batch invariance (neighbours)",
     "test_dispatch_boundaries.py": "declared dispatch switches",
+    "test_strided_layouts.py": "strided views",
+    "test_batch_positions.py": "every batch index",
+    "test_layer_packed_cache.py": "layer-packed cache",
 }
 PROPERTIES = (
     "decode",
@@ -64,6 +67,9 @@ PROPERTIES = (
     "engine metadata",
     "batch invariance (neighbours)",
     "declared dispatch switches",
+    "strided views",
+    "every batch index",
+    "layer-packed cache",
 )
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")

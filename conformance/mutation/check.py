@@ -75,6 +75,9 @@ TARGETS = (
             "kernels/tests/test_decode_plan.py",  # forces 3 splits, which the suite's short cases clamp to 2
             "kernels/tests/test_dot_path.py",
             f"{SUITE}/test_fp8_kv.py",
+            f"{SUITE}/test_strided_layouts.py",
+            f"{SUITE}/test_batch_positions.py",
+            f"{SUITE}/test_layer_packed_cache.py",
         ),
     ),
     Target(
@@ -88,26 +91,31 @@ TARGETS = (
             f"{SUITE}/test_copy_on_write_data.py",
             f"{SUITE}/test_fp8_kv.py",
             "kernels/tests/test_fp8_inputs.py",
+            f"{SUITE}/test_strided_layouts.py",
+            f"{SUITE}/test_layer_packed_cache.py",
         ),
     ),
     Target(
         "kernels/attention.py",
-        ("launch_arg_plus_one", "grid_minus_one"),
+        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
         (
             "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_decode.py",
             f"{SUITE}/test_prefill.py",
             "kernels/tests/test_decode_plan.py",
+            f"{SUITE}/test_strided_layouts.py",
+            f"{SUITE}/test_batch_positions.py",
         ),
     ),
     Target(
         "kernels/cache_ops.py",
-        ("launch_arg_plus_one", "grid_minus_one"),
+        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
         (
             "kernels/tests/test_reads_in_bounds.py",
             f"{SUITE}/test_cache_ops.py",
             "kernels/tests/test_cache_tiles.py",
             f"{SUITE}/test_copy_on_write_data.py",
+            f"{SUITE}/test_strided_layouts.py",
         ),
     ),
     *(Target(

@@ -10,6 +10,21 @@ from __future__ import annotations
 from pagedbench.conformance.mutation.operators import Mutant
 
 EQUIVALENT: dict[tuple[str, str, str, str], str] = {
+    ("kernels/attention.py", "_decode", "stride_assumed_dense",
+     "*part_out.contiguous().stride(), *part_lse.stride(), *out.stride(), *lse.stride(),"): (
+        "part_out: the launcher allocates it with torch.empty just above (dense, offset 0), so .contiguous() "
+        "returns the tensor itself and the strides passed are the same"
+    ),
+    ("kernels/attention.py", "_decode", "stride_assumed_dense",
+     "*part_out.stride(), *part_lse.contiguous().stride(), *out.stride(), *lse.stride(),"): (
+        "part_lse: the launcher allocates it with torch.empty just above (dense, offset 0), so .contiguous() "
+        "returns the tensor itself and the strides passed are the same"
+    ),
+    ("kernels/attention.py", "_decode", "stride_assumed_dense",
+     "*part_out.stride(), *part_lse.stride(), *out.stride(), *lse.contiguous().stride(),"): (
+        "lse: the launcher allocates it with torch.empty just above (dense, offset 0), so .contiguous() "
+        "returns the tensor itself and the strides passed are the same"
+    ),
     ("kernels/cache_kernels.py", "_to_fp8_e4m3", "compare_boundary",
      "return tl.where(tl.abs(x) > 0.015625, normal, subnormal).to(dtype)"): (
         "at |x| = 2^-6 exactly both branches give x: the normal rounding keeps its bits (no mantissa bits "

@@ -56,6 +56,22 @@ class ControlImplementation(Implementation):
     def _slot_offsets(self, slots: torch.Tensor, elements_per_slot: int) -> torch.Tensor:
         return slots.to(torch.int64) * elements_per_slot
 
+    def _view_offset(self, cache: torch.Tensor) -> int:
+        """Where a dense cache view starts in the allocation holding it (a layer of a layer-packed cache)."""
+        return cache.storage_offset()
+
+    def _kv_scale_pair(self, k_scale: float | None, v_scale: float | None) -> tuple[float, float]:
+        """The (k, v) scales an fp8 cache is read with; None is 1.0."""
+        return (1.0 if k_scale is None else k_scale), (1.0 if v_scale is None else v_scale)
+
+    def _batch_lens(self, seq_lens: list[int]) -> list[int]:
+        """The number of keys each sequence of the batch attends over (its length)."""
+        return seq_lens
+
+    def _planned(self, op: str, q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """q as the call reads it (an implementation with a plan/run split reads it as its plan says)."""
+        return q
+
     def _written(self, slots: torch.Tensor) -> torch.Tensor:
         return slots >= 0
 
@@ -78,11 +94,20 @@ class ControlImplementation(Implementation):
         return w_a, torch.where(torch.isinf(lse_b), 0.0, torch.exp(lse_b - safe)), lse
 
     # --- building blocks -----------------------------------------------------------------------------
+    def _flat(self, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(flat elements, where the cache starts among them): a dense cache is addressed through the whole
+        allocation holding it, as a kernel given a base pointer and an offset is; another is copied flat."""
+        if not cache.is_contiguous():
+            return cache.reshape(-1), 0
+        whole = cache.as_strided((cache.untyped_storage().nbytes() // cache.element_size(),), (1,), 0)
+        return whole, self._view_offset(cache)
+
     def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
         per_slot = cache.shape[2] * cache.shape[3]
-        index = self._slot_offsets(slots, per_slot)[:, None] + torch.arange(per_slot)
-        return cache.reshape(-1)[index].reshape(len(slots), cache.shape[2], cache.shape[3])
+        flat, base = self._flat(cache)
+        index = self._slot_offsets(slots, per_slot)[:, None] + torch.arange(per_slot) + base
+        return flat[index].reshape(len(slots), cache.shape[2], cache.shape[3])
 
     def _logical_kv(self, cache: torch.Tensor, table_row: torch.Tensor,
                     seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,11 +137,11 @@ class ControlImplementation(Implementation):
              k_scale=None, v_scale=None):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         fp8 = k_cache.dtype == torch.float8_e4m3fn
-        kv_scales = (k_scale or 1.0, v_scale or 1.0) if fp8 else None
+        kv_scales = self._kv_scale_pair(k_scale, v_scale) if fp8 else None
         out = self._output_buffer(q, out)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         start = 0
-        for s, (n, m) in enumerate(zip(seq_lens.tolist(), q_lens)):
+        for s, (n, m) in enumerate(zip(self._batch_lens(seq_lens.tolist()), q_lens)):
             if m:
                 o, l = self._attend(q[start : start + m], k_cache, v_cache, block_tables[s], n,
                                     torch.arange(n - m, n), scale, window, kv_scales)
@@ -127,6 +152,7 @@ class ControlImplementation(Implementation):
     # --- the adapter interface -----------------------------------------------------------------------
     def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, sliding_window=None,
                      num_splits=None, out=None, return_lse=False, k_scale=None, v_scale=None):
+        q = self._planned("decode", q, k_cache, block_tables)
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, [1] * q.shape[0], scale,
                          sliding_window, out, return_lse, k_scale, v_scale)
 
@@ -134,6 +160,7 @@ class ControlImplementation(Implementation):
                       sliding_window=None, out=None, return_lse=False, k_scale=None, v_scale=None):
         cu = cu_seqlens_q.tolist()
         q_lens = [b - a for a, b in itertools.pairwise(cu)]
+        q = self._planned("prefill", q, k_cache, block_tables)
         return self._run(q, k_cache, v_cache, block_tables, seq_lens, q_lens, scale, sliding_window, out,
                          return_lse, k_scale, v_scale)
 
@@ -156,8 +183,9 @@ class ControlImplementation(Implementation):
         keep = self._written(slot_mapping)
         per_slot = k_cache.shape[2] * k_cache.shape[3]
         index = self._slot_offsets(slot_mapping[keep], per_slot)[:, None] + torch.arange(per_slot)
-        k_cache.view(-1)[index] = k[keep].reshape(-1, per_slot)
-        v_cache.view(-1)[index] = v[keep].reshape(-1, per_slot)
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            flat, base = self._flat(cache)
+            flat[index + base] = x[keep].reshape(-1, per_slot)
 
     def copy_blocks(self, k_cache, v_cache, pairs):
         src, dst = pairs[:, 0].to(torch.int64), pairs[:, 1].to(torch.int64)

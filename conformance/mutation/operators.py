@@ -219,6 +219,20 @@ def launch_arg_plus_one(tree: ast.Module, src: _Source) -> list[Site]:
     return sites
 
 
+def stride_assumed_dense(tree: ast.Module, src: _Source) -> list[Site]:
+    """A launch's ``*t.stride()`` -> ``*t.contiguous().stride()``: the strides a dense copy of ``t`` would
+    have, while the kernel still reads ``t`` itself, as a launcher that assumes its tensors contiguous
+    passes (right for every dense tensor, wrong for a strided view)."""
+    sites = []
+    for call in _launches(tree):
+        for a in call.args:
+            v = a.value if isinstance(a, ast.Starred) else None
+            if (isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "stride"
+                    and not v.args):
+                sites.append(_span(v, f"{src.text(v.func.value)}.contiguous().stride()"))
+    return sites
+
+
 def grid_minus_one(tree: ast.Module, src: _Source) -> list[Site]:
     """One program fewer along each axis of a grid tuple (a literal one, or one a ``grid`` function returns)."""
     tuples = []
@@ -350,7 +364,8 @@ KERNEL_OPERATORS: dict[str, Operator] = {
     "swap_dot_operands": swap_dot_operands,
     "drop_inf_guard": drop_inf_guard,
 }
-LAUNCHER_OPERATORS: dict[str, Operator] = {"launch_arg_plus_one": launch_arg_plus_one, "grid_minus_one": grid_minus_one}
+LAUNCHER_OPERATORS: dict[str, Operator] = {"launch_arg_plus_one": launch_arg_plus_one, "grid_minus_one": grid_minus_one,
+                                           "stride_assumed_dense": stride_assumed_dense}
 HOST_OPERATORS: dict[str, Operator] = {
     "compare_boundary": compare_boundary,
     "const_off_by_one": const_off_by_one,

@@ -90,16 +90,17 @@ def test_fp8_write_kv_quantizes_with_saturation(impl, dtype):
                                                                             "slot_mapping was written"
 
 
-def _fp8_inputs(case: AttentionCase, device) -> tuple[builders.PagedInputs, oracle.OracleResult]:
+def _fp8_inputs(case: AttentionCase, device, k_scale: float = K_SCALE,
+                v_scale: float = V_SCALE) -> tuple[builders.PagedInputs, oracle.OracleResult]:
     """The case's inputs with K/V stored in fp8 (NaN slots stay NaN), and the oracle over the dequantized
-    cache."""
+    cache. Keys read back as the case's keys, values as 0.8 x its values, whatever the scales: with the
+    module's scales stored K ~ 80 x N(0, 1), stored V ~ 200 x N(0, 1) (~3% saturate)."""
     x = builders.build(case, "cpu")
-    # stored K ~ 80 x N(0, 1) (read back as the original keys), stored V ~ 200 x N(0, 1): ~3% saturate
-    k8 = quantize(x.k_cache.double() * 80 * K_SCALE, K_SCALE)
-    v8 = quantize(x.v_cache.double() * 200 * V_SCALE, V_SCALE)
+    k8 = quantize(x.k_cache.double(), k_scale)
+    v8 = quantize(x.v_cache.double() * 0.8, v_scale)
     fp8 = builders.PagedInputs(q=x.q, k_cache=k8, v_cache=v8, block_tables=x.block_tables, seq_lens=x.seq_lens,
                                cu_seqlens_q=x.cu_seqlens_q, scale=x.scale)
-    deq = (dequantize(k8, K_SCALE), dequantize(v8, V_SCALE))
+    deq = (dequantize(k8, k_scale), dequantize(v8, v_scale))
     args = (x.q, *deq, x.block_tables, x.seq_lens)
     if case.op == "decode":
         ref = oracle.decode(*args, scale=fp8.scale, sliding_window=case.sliding_window)
@@ -139,8 +140,53 @@ def test_fp8_prefix_written_in_one_step_read_in_later_ones(impl, dtype):
     """Step 1 writes a 37-token prompt and runs its prefill; step 2 writes and prefills a 9-token chunk
     over the cached prompt; steps 3-4 decode one token each. Every step is judged against the oracle over
     what the cache holds, and the cache against the tokens written."""
+    _run_steps(impl, dtype, K_SCALE, V_SCALE)
+
+
+#: (id, k_scale, v_scale): each scale alone away from 1.0, the larger one on V, and both left out (read as
+#: 1.0): a path that takes a scale of 1.0 (or None) for "unscaled" and drops the other, or applies one
+#: tensor's scale to the other, is wrong here whatever the other cases show
+SCALE_PAIRS = (
+    ("k=1,v=0.004", 1.0, 0.004),
+    ("k=0.0125,v=1", 0.0125, 1.0),
+    ("k=0.004,v=0.0125", 0.004, 0.0125),
+    ("k=None,v=None", None, None),
+)
+
+
+@pytest.mark.parametrize("pair", SCALE_PAIRS, ids=[p[0] for p in SCALE_PAIRS])
+def test_fp8_each_scale_on_every_path(impl, pair):
+    """The steps of the test above (cache writes, a first prefill, a chunk over the cached prefix, decodes
+    over it) with each scale alone away from 1.0, the larger scale on V, and no scales at all."""
+    _, k_scale, v_scale = pair
+    _run_steps(impl, "fp16", k_scale, v_scale)
+
+
+SPLIT_CASES = [
+    AttentionCase("decode", block_size=5, seq_lens=(300, 9, 41), dtype="fp16", num_splits=3),
+    AttentionCase("prefill", block_size=8, seq_lens=(40, 19), q_lens=(7, 19), dtype="fp16", query="peaky"),
+]
+
+
+@pytest.mark.parametrize("pair", SCALE_PAIRS[:3], ids=[p[0] for p in SCALE_PAIRS[:3]])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c.id + ",fp8kv" for c in SPLIT_CASES])
+def test_fp8_split_decode_and_cached_prefill_with_each_scale(impl, case, pair):
+    """Split-K decode (partials merged by a reduction) and a prefill whose first sequence reads a cached
+    prefix, over fp8 caches with each scale alone away from 1.0 or the larger one on V."""
+    _require_fp8(impl, case.torch_dtype)
+    _, k_scale, v_scale = pair
+    x, ref = _fp8_inputs(case, impl.device, k_scale, v_scale)
+    out = builders.nan_out(x.q.shape[0], x.q)
+    result = builders.call(impl, case, x, out=out, k_scale=k_scale, v_scale=v_scale)
+    checks.check_attention(result, ref, case.torch_dtype, case.tolerance, context=f"{case.id},fp8kv,{pair[0]}")
+
+
+def _run_steps(impl, dtype: str, k_scale: float | None, v_scale: float | None) -> None:
+    """A prompt written and prefilled, a chunk written and prefilled over it, two decodes; each step and the
+    cache judged (see test_fp8_prefix_written_in_one_step_read_in_later_ones)."""
     dt = DTYPES[dtype]
     _require_fp8(impl, dt)
+    ks, vs = (1.0 if k_scale is None else k_scale), (1.0 if v_scale is None else v_scale)
     case = AttentionCase("prefill", block_size=8, seq_lens=(48,), num_heads=4, num_kv_heads=2, head_dim=32,
                          dtype=dtype)
     gen = torch.Generator().manual_seed(case.seed)
@@ -149,33 +195,35 @@ def test_fp8_prefix_written_in_one_step_read_in_later_ones(impl, dtype):
     table = torch.randperm(total // case.block_size + 2, generator=gen).to(torch.int32)
     k_cache = torch.full((len(table), case.block_size, hkv, d), NAN_BYTE, dtype=torch.uint8).view(FP8).to(dev)
     v_cache = k_cache.clone()
+    # the values the module's scales store near the top of the format, whichever scales store them here
     k_all, v_all = _kv_values(total, hkv, d, gen, K_SCALE, dt), _kv_values(total, hkv, d, gen, V_SCALE, dt)
     q_all = torch.randn(total, case.num_heads, d, generator=gen).to(dt)
     scale = 1.0 / math.sqrt(d) / 40  # scores of O(1) with keys of magnitude ~80 x K_SCALE
     tables = table[None].to(dev)
+    tag = f"k_scale={k_scale},v_scale={v_scale}"
     for step, (start, stop) in enumerate(((0, 37), (37, 46), (46, 47), (47, 48))):
         pos = torch.arange(start, stop)
         slots = (table[pos // case.block_size].long() * case.block_size + pos % case.block_size)
         impl.write_kv(k_all[start:stop].to(dev), v_all[start:stop].to(dev), k_cache, v_cache, slots.to(dev),
-                      k_scale=K_SCALE, v_scale=V_SCALE)
+                      k_scale=k_scale, v_scale=v_scale)
         lens = torch.tensor([stop], dtype=torch.int32)
         q = q_all[start:stop]
         cu = torch.tensor([0, stop - start], dtype=torch.int32)
         out = builders.nan_out(q.shape[0], q.to(dev))
-        deq_k, deq_v = dequantize(k_cache, K_SCALE), dequantize(v_cache, V_SCALE)
+        deq_k, deq_v = dequantize(k_cache, ks), dequantize(v_cache, vs)
         ref = oracle.prefill(q, deq_k, deq_v, table[None], lens, cu, scale=scale)
-        context = f"fp8/steps,{dtype},step={step + 1},tokens={start}:{stop}"
+        context = f"fp8/steps,{dtype},{tag},step={step + 1},tokens={start}:{stop}"
         if stop - start == 1:
             got = impl.paged_decode(q.to(dev), k_cache, v_cache, tables, lens.to(dev), scale=scale, out=out,
-                                    k_scale=K_SCALE, v_scale=V_SCALE)
+                                    k_scale=k_scale, v_scale=v_scale)
         else:
             got = impl.paged_prefill(q.to(dev), k_cache, v_cache, tables, lens.to(dev), cu.to(dev), scale=scale,
-                                     out=out, k_scale=K_SCALE, v_scale=V_SCALE)
+                                     out=out, k_scale=k_scale, v_scale=v_scale)
         checks.check_attention(got, ref, dt, case.tolerance, context=context)
     pos = torch.arange(total)
     slots = table[pos // case.block_size].long() * case.block_size + pos % case.block_size
-    check_stored(k_cache.cpu().view(-1, hkv, d)[slots], k_all, K_SCALE, what="k", context="fp8/steps")
-    check_stored(v_cache.cpu().view(-1, hkv, d)[slots], v_all, V_SCALE, what="v", context="fp8/steps")
+    check_stored(k_cache.cpu().view(-1, hkv, d)[slots], k_all, ks, what="k", context=f"fp8/steps,{tag}")
+    check_stored(v_cache.cpu().view(-1, hkv, d)[slots], v_all, vs, what="v", context=f"fp8/steps,{tag}")
 
 
 def test_fp8_copy_blocks_copies_bytes(impl):

@@ -16,12 +16,9 @@ illegal address, which the gate records as a crash).
 
 from __future__ import annotations
 
-import os
-import resource
-
 import pytest
 import torch
-from pagedbench.conformance.gate import checks, oracle
+from pagedbench.conformance.gate import checks, oracle, resident_memory
 from pagedbench.conformance.gate.cases import TOLERANCES
 
 BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM = 16, 1, 64
@@ -31,13 +28,7 @@ DTYPE = torch.float16
 WRAP_GUARD_ELEMENTS = 2**31
 
 
-def _rss_mib() -> float:
-    """Resident memory of this process now (Linux ``/proc``; else the peak so far)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+_rss_mib = resident_memory.rss_mib
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,9 @@ SUITES = {
     # the newer families, cheapest first: each mutant there dies in the first module that covers it
     "merge_and_shapes": ["test_dispatch_boundaries.py", "test_batch_invariance.py", "test_merge_states.py",
                          "test_fp8_kv.py", "test_gqa_groups.py", "test_long_context.py"],
+    # layouts and batch positions: strided views (and a plan reused across them), the odd sequence of a
+    # batch at every index, a layer-packed cache past 2^32 elements
+    "layouts": ["test_batch_positions.py", "test_strided_layouts.py", "test_layer_packed_cache.py"],
     # metadata from our engine's scheduler: blocks shared across a batch, tables with no spare column
     "engine_metadata": ["test_engine_metadata.py"],
     "block_manager": ["test_block_manager.py", "test_block_manager_scenarios.py",
