@@ -83,7 +83,8 @@ def cost_model(setting: Setting, scale: tuple[tuple[str, float], ...] = ()) -> S
     ``step_overhead`` scales the per-step overhead (not the per-layer one), ``attention`` every
     attention coefficient (decode and prefill)."""
     hardware = load_hardware(setting.hardware)
-    cost = StepCostModel.from_profiles(load_model(setting.model), hardware)
+    cost = StepCostModel.from_profiles(load_model(setting.model), hardware,
+                                       tensor_parallel_size=setting.tensor_parallel_size)
     for term, f in scale:
         if term == "step_overhead":
             cost = dataclasses.replace(cost, fixed_s=cost.fixed_s + (f - 1) * hardware.step_overhead_s)

@@ -17,6 +17,9 @@ class Setting:
     max_seq_len: int | None = None  # None: the model's context (max_position_embeddings)
     span_s: float | None = None  # simulated seconds of arrivals per point (None: the study's span_s)
     note: str = ""  # why this setting is in the study (shown in the report)
+    # GPUs the model is sharded over (Megatron-style): the cost model's per-GPU work and all-reduces, the KV
+    # slots of one GPU's share (every GPU holds its heads' K/V for every token), the price of all of them
+    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from pagedbench.bench import workloads
 from pagedbench.bench.common.slo import PRESETS, SLOError, parse_slo
-from pagedbench.bench.costmodel import ProfileError, kv_slot_budget, load_hardware, load_model
+from pagedbench.bench.costmodel import ProfileError, StepCostModel, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.hardware import hardware_names
 from pagedbench.bench.costmodel.models import model_names
 from pagedbench.bench.sim.records import AllocatorSpec
@@ -99,12 +99,17 @@ def _check(path: Path, cfg: StudyConfig) -> None:
             raise ServingConfigError(f"{path}: setting {s.name!r}: unknown model profile {s.model!r}; known: "
                                      f"{', '.join(model_names())}") from None
         try:
-            load_hardware(s.hardware)
+            hardware = load_hardware(s.hardware)
         except ProfileError:
             raise ServingConfigError(f"{path}: setting {s.name!r}: unknown GPU profile {s.hardware!r}; known: "
                                      f"{', '.join(hardware_names())}") from None
         _positive_span(path, f"setting {s.name!r}", s.span_s)
-        slots = kv_slot_budget(model, load_hardware(s.hardware), cfg.gpu_memory_utilization).num_slots
+        try:  # a tensor_parallel_size the heads do not divide, or with no all-reduce data, is refused here
+            slots = kv_slot_budget(model, hardware, cfg.gpu_memory_utilization,
+                                   tensor_parallel_size=s.tensor_parallel_size).num_slots
+            StepCostModel.from_profiles(model, hardware, tensor_parallel_size=s.tensor_parallel_size)
+        except ValueError as e:
+            raise ServingConfigError(f"{path}: setting {s.name!r}: {e}") from None
         for d in (d for d in cfg.datasets if d.runs_on(s)):
             msl = cfg.max_seq_len(s, d)
             if msl > model.max_position_embeddings or msl < 2:

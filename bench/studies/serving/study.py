@@ -137,8 +137,8 @@ def _low_key(p: Point) -> tuple:
 def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = None) -> dict:
     """Every point of ``cfg`` (module docstring) on ``cfg.workers`` local processes, or on the Ray cluster at
     ``address`` (or ``RAY_ADDRESS``; :mod:`pagedbench.bench.common.sweep_runner`)."""
-    slots = {s.name: kv_slot_budget(load_model(s.model), load_hardware(s.hardware), cfg.gpu_memory_utilization)
-             for s in cfg.settings}
+    slots = {s.name: kv_slot_budget(load_model(s.model), load_hardware(s.hardware), cfg.gpu_memory_utilization,
+                                    tensor_parallel_size=s.tensor_parallel_size) for s in cfg.settings}
     lows, bases, mem_jobs = plan(cfg, {k: v.num_slots for k, v in slots.items()})
     lows_all, bases_all = list(lows), list(bases)
     names = criteria(cfg.thresholds, cfg.slos)
@@ -165,8 +165,10 @@ def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = 
     mem_rows = sweep_runner.map_points(run_point, mem_jobs, **run)
     memory = [{"setting": p.setting.name, "dataset": p.dataset.name, "allocator": p.allocator.name,
                "policy": p.policy, **row} for p, row in zip(mem_jobs, mem_rows)]
-    prices = {s.name: load_hardware(s.hardware).price_per_gpu_hour_usd for s in cfg.settings}
+    # a replica of the model costs its GPUs' hours: tokens per dollar compare settings of any size
+    prices = {s.name: load_hardware(s.hardware).price_per_gpu_hour_usd * s.tensor_parallel_size for s in cfg.settings}
     settings = {s.name: {"model": s.model, "hardware": s.hardware, "note": s.note,
+                         "tensor_parallel_size": s.tensor_parallel_size,
                          "context": load_model(s.model).max_position_embeddings} for s in cfg.settings}
     traces = [trace_record(s, d, cfg.max_seq_len(s, d)) for s in cfg.settings for d in cfg.datasets
               if d.trace and d.runs_on(s)]
