@@ -77,6 +77,10 @@ def setting(**kw) -> dict:
     (setting(max_seq_len=4096), r"max_seq_len 4096 must be in \[2, 2048\] \(the context of opt-13b\)"),
     ({**TINY, "settings": [{"name": "l4", "model": "llama-3.1-8b", "hardware": "l4"}]},
      "max_seq_len 131072 exceeds the 49809 KV slots of llama-3.1-8b on l4"),
+    (setting(model="opt-66b", tensor_parallel_size=5),
+     "setting 'opt-13b@a100-40gb': opt-66b: 72 attention heads and 72 KV heads cannot be split over "
+     "tensor_parallel_size=5"),
+    (setting(hardware="l4", tensor_parallel_size=2), "setting 'opt-13b@a100-40gb': .*l4"),
     ({**TINY, "span_s": 0}, "span_s: span_s must be a positive number of seconds, got 0"),
     (setting(span_s=-60), "setting 'opt-13b@a100-40gb': span_s must be a positive number of seconds, got -60"),
     ({**TINY, "datasets": [{"name": "x"}]}, "dataset 'x': give either dataset or trace, not neither"),
@@ -162,3 +166,17 @@ def test_replicates_are_added_only_for_the_precision_settings(tmp_path, monkeypa
     doc, _ = _precise(tmp_path, monkeypatch, target_half_width=1e-4, max_seeds=5, precision_settings=[])
     (group,) = doc["precision"].values()
     assert group["num_replicates"] == 2 and "only for precision_settings" in group["cap_reason"]
+
+
+def test_a_tensor_parallel_setting_shards_its_model():
+    from pagedbench.bench.costmodel import TensorParallelStepCost, kv_slot_budget, load_hardware, load_model
+    from pagedbench.bench.sim.points import cost_model
+    from pagedbench.bench.sim.settings import Setting
+
+    s = Setting(name="66b", model="opt-66b", hardware="a100-40gb", tensor_parallel_size=4)
+    cost = cost_model(s)
+    assert isinstance(cost, TensorParallelStepCost) and cost.tensor_parallel_size == 4
+    assert not isinstance(cost_model(Setting(name="13b", model="opt-13b", hardware="a100-40gb")),
+                          TensorParallelStepCost)
+    budget = kv_slot_budget(load_model("opt-66b"), load_hardware("a100-40gb"), 0.9, tensor_parallel_size=4)
+    assert 9000 < budget.num_slots < 9700  # one GPU's share of a model that fits only across four
