@@ -1,7 +1,8 @@
 """A load generator for any OpenAI-compatible endpoint: replays a trace or workload in real time.
 
 ``python -m pagedbench.bench loadgen --url http://127.0.0.1:8000 --trace azure-conv [--requests N]
-[--arrivals trace|poisson|gamma|constant --rate R] [--time-scale S] [--vocab-size V] [--out FILE.json]``
+[--arrivals trace|poisson|gamma|constant --rate R | --arrivals none] [--max-concurrency C] [--time-scale S]
+[--vocab-size V] [--out FILE.json]``
 
 The trace is read by :func:`pagedbench.bench.workloads.trace_formats.load_trace` (any format it reads, or a shipped
 trace by name); its arrival times are its own (``--time-scale`` stretches or compresses them) or drawn
@@ -19,6 +20,11 @@ TTFT, TPOT without the first token, ITL, E2E; the send time is the arrival). Que
 observable from a client: its keys are left out. A request that gets an HTTP error, a broken stream or
 a time-out is *failed*: counted and listed apart, never in the latencies. Offered rate (the schedule's
 requests per second) is reported beside the achieved one (completed requests over the run).
+
+``--max-concurrency C`` keeps at most C requests in flight, as ``vllm bench serve --max-concurrency``: a
+request waits for its arrival *and* a free slot, and its latencies count from when it was sent.
+``--arrivals none`` schedules every request at 0, so with ``--max-concurrency`` the load is a closed loop
+(aiperf's and GuideLLM's concurrency mode): a new request the moment one ends, C always in flight.
 """
 
 from __future__ import annotations
@@ -98,10 +104,18 @@ def request_body(r: Request, *, model: str | None, vocab_size: int | None, lengt
     return body
 
 
-async def _one(client, url: str, r: Request, body: dict, start: float, timeout_s: float) -> RequestRecord:
+async def _one(client, url: str, r: Request, body: dict, start: float, timeout_s: float,
+               slots: asyncio.Semaphore | None = None) -> RequestRecord:
     delay = start + r.arrival_s - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
+    if slots is None:
+        return await _send(client, url, r, body, start, timeout_s)
+    async with slots:
+        return await _send(client, url, r, body, start, timeout_s)
+
+
+async def _send(client, url: str, r: Request, body: dict, start: float, timeout_s: float) -> RequestRecord:
     sent = time.perf_counter()
     times: list[float] = []
     error = None
@@ -140,10 +154,14 @@ async def _one(client, url: str, r: Request, body: dict, start: float, timeout_s
 
 async def run_load(base_url: str, requests: Sequence[Request], *, model: str | None = None,
                    vocab_size: int | None = None, length_control: str = "ignore_eos",
-                   timeout_s: float = 600.0) -> LoadResult:
-    """Send every request at its ``arrival_s`` (seconds from now) and wait for all of them."""
+                   timeout_s: float = 600.0, max_concurrency: int | None = None) -> LoadResult:
+    """Send every request at its ``arrival_s`` (seconds from now), with at most ``max_concurrency`` in
+    flight (None: no bound), and wait for all of them."""
     import httpx
 
+    if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                                        or max_concurrency < 1):
+        raise ValueError(f"max_concurrency must be None or an int >= 1, got {max_concurrency!r}")
     if length_control not in LENGTH_CONTROLS:
         raise ValueError(f"length_control must be one of {', '.join(LENGTH_CONTROLS)}, got {length_control!r}")
     if not requests:
@@ -152,8 +170,10 @@ async def run_load(base_url: str, requests: Sequence[Request], *, model: str | N
     bodies = [request_body(r, model=model, vocab_size=vocab_size, length_control=length_control) for r in requests]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency is not None else None
         start = time.perf_counter()
-        recs = await asyncio.gather(*(_one(client, url, r, b, start, timeout_s) for r, b in zip(requests, bodies)))
+        recs = await asyncio.gather(*(_one(client, url, r, b, start, timeout_s, slots)
+                                      for r, b in zip(requests, bodies)))
         end = time.perf_counter() - start
     first = min(r.sent_s for r in recs)
     return LoadResult(tuple(recs), end - first)
@@ -165,6 +185,8 @@ def schedule(trace: Sequence[Request], *, pattern: str, rate: float | None, time
     first request is sent at 0."""
     if pattern == "trace":
         out = arrivals.replay(tuple(trace), time_scale)
+    elif pattern == "none":  # every request at once: a closed loop under --max-concurrency
+        out = arrivals.with_arrivals(tuple(trace), [0.0] * len(trace))
     else:
         if rate is None:
             raise ValueError(f"--arrivals {pattern} needs --rate")
@@ -184,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, help="send the first N requests only")
     p.add_argument("--max-seq-len", type=int, help="the model's context: longer requests follow --over-context")
     p.add_argument("--over-context", default="error", choices=trace_formats.OVER_CONTEXT)
-    p.add_argument("--arrivals", default="trace", choices=("trace", *arrivals.PATTERNS))
+    p.add_argument("--arrivals", default="trace", choices=("trace", "none", *arrivals.PATTERNS),
+                   help="the trace's own times, none (every request at 0: a closed loop with --max-concurrency), "
+                        "or drawn at --rate")
+    p.add_argument("--max-concurrency", type=int, help="at most this many requests in flight (default: no bound)")
     p.add_argument("--rate", type=float, help="requests/s for drawn arrivals")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies the trace's own times (default 1)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals' shape (1 = Poisson)")
@@ -198,7 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     path = trace_formats.SHIPPED.get(args.trace, args.trace)
     loaded = trace_formats.load_trace(path, format=args.format, max_seq_len=args.max_seq_len,
                                       over_context=args.over_context)
@@ -206,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     reqs = schedule(trace, pattern=args.arrivals, rate=args.rate, time_scale=args.time_scale,
                     burstiness=args.burstiness, seed=args.seed)
     result = asyncio.run(run_load(args.url, reqs, model=args.model, vocab_size=args.vocab_size,
-                                  length_control=args.length_control, timeout_s=args.timeout))
+                                  length_control=args.length_control, timeout_s=args.timeout,
+                                  max_concurrency=args.max_concurrency))
     summary = result.summary()
     print(format_summary(summary))
     for r in result.failed[:10]:

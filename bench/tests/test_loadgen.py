@@ -62,3 +62,34 @@ def test_refused_requests_are_failures_not_latencies(url):
 def test_an_unreachable_server_fails_every_request():
     result = asyncio.run(loadgen.run_load("http://127.0.0.1:9", (Request(0, 2, 2, 0.0),), timeout_s=2.0))
     assert result.summary()["failed"] == 1 and result.failed[0].error.startswith("ConnectError")
+
+
+def in_flight_peak(records) -> int:
+    """The most requests in flight at once, as the client saw them (sent to last token)."""
+    spans = [(r.sent_s, r.token_times_s[-1]) for r in records]
+    return max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_a_closed_loop_keeps_exactly_its_concurrency_in_flight(url, cap):
+    reqs = loadgen.schedule([Request(i, 4 + i, 12, 0.0) for i in range(8)], pattern="none", rate=None,
+                            time_scale=1.0, burstiness=1.0, seed=0)
+    result = asyncio.run(loadgen.run_load(url, reqs, vocab_size=512, max_concurrency=cap))
+    assert result.summary()["completed"] == 8
+    assert in_flight_peak(result.records) == cap  # never more, and a closed loop fills every slot
+    by_send = sorted(result.records, key=lambda r: r.sent_s)
+    # the (cap+1)-th request waits for a slot: it is sent only once one of the first cap has ended
+    assert by_send[cap].sent_s >= min(r.token_times_s[-1] for r in by_send[:cap])
+
+
+def test_without_a_bound_every_request_is_in_flight_at_once(url):
+    reqs = loadgen.schedule([Request(i, 4 + i, 12, 0.0) for i in range(6)], pattern="none", rate=None,
+                            time_scale=1.0, burstiness=1.0, seed=0)
+    result = asyncio.run(loadgen.run_load(url, reqs, vocab_size=512))
+    assert in_flight_peak(result.records) == 6
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_a_bad_concurrency_is_refused(url, bad):
+    with pytest.raises(ValueError, match="max_concurrency must be None or an int >= 1"):
+        asyncio.run(loadgen.run_load(url, (Request(0, 2, 2, 0.0),), max_concurrency=bad))
