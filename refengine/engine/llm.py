@@ -46,15 +46,23 @@ from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
 from pagedbench.refengine.engine.stop_strings import StopStringWatcher
+from pagedbench.refengine.engine.swap_preemption import PREEMPTION_MODES as SWAP_PREEMPTION_MODES
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
 from pagedbench.refengine.kv.contiguous import ContiguousBlockManager
+from pagedbench.refengine.kv.host_pool import (
+    HostBlockAllocator,
+    HostBlockPool,
+    available_host_memory_bytes,
+    checked_swap_space_bytes,
+)
 from pagedbench.refengine.model.config import resolve_dtype
 from pagedbench.refengine.model.loader import LoadedModel, load_model
 
 ALLOCATORS = ("paged", "contiguous")
 POLICIES = Scheduler.POLICIES
+PREEMPTION_MODES = SWAP_PREEMPTION_MODES
 
 
 def poison_from_env() -> bool:
@@ -103,6 +111,12 @@ class LLM:
     ``kv_cache_dtype``: "auto" (the model's dtype) or "fp8_e4m3": K and V stored as float8_e4m3fn with
     per-tensor scales of 1.0 (vLLM's default without calibration), half the bytes of fp16 per token, on
     every built-in attention backend.
+    ``preemption_mode``: "recompute" (a victim's blocks are dropped and its tokens computed again) or
+    "swap" (paged allocator only: its blocks are copied to a host pool of ``swap_space`` GiB and back,
+    ``engine/swap_preemption.py``; a group the host pool cannot take is recomputed and counted in
+    ``stats.num_swap_fallbacks``). ``swap_space`` (GiB, default 4 as vLLM's) is allocated only in swap
+    mode, as whole blocks (0, or less than a block: every preemption falls back to recompute); it is
+    refused when larger than the host's available memory.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -111,8 +125,15 @@ class LLM:
                  max_num_batched_tokens: int = 512, dtype: torch.dtype | str | None = None, seed: int = 0,
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
-                 poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto") -> None:
+                 poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
+                 preemption_mode: str = "recompute", swap_space: float = 4) -> None:
         # every argument checked before the model loads
+        if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
+            raise InvalidArgumentError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
+                                       f"got {preemption_mode!r}")
+        if preemption_mode == "swap" and allocator != "paged":
+            raise InvalidArgumentError(f"preemption_mode='swap' needs the paged allocator, got allocator={allocator!r}")
+        swap_bytes = checked_swap_space_bytes(swap_space, available_host_memory_bytes())
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:
@@ -173,15 +194,23 @@ class LLM:
         else:
             self.block_manager = ContiguousBlockManager(self.pool.num_blocks, self.block_size,
                                                         max_seq_len=self.max_model_len, policy="max")
+        self.preemption_mode = preemption_mode
+        self.host_pool = None  # swap mode's host tier
+        host_allocator = None
+        if preemption_mode == "swap":
+            self.host_pool = HostBlockPool(self.pool, swap_bytes // self.pool.bytes_per_block)
+            host_allocator = HostBlockAllocator(self.host_pool.num_blocks)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
-            prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks)
+            prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks,
+            preemption_mode=preemption_mode, host_allocator=host_allocator)
         self.check_invariants = bool(check_invariants)
         self.batch_invariant = bool(batch_invariant)
         self.executor = ModelExecutor(self.model, self.pool, self.block_manager, self.block_size,
                                       batch_invariant=self.batch_invariant)
+        self.executor.host_pool = self.host_pool
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator,
                                rewind_generator=self.executor.rewind_generator)
