@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedbench.refengine import LLM, load_model
+from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.engine import llm as llm_module
 from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
@@ -166,17 +166,17 @@ SEAMS = ("planning", "forward", "mid-forward", "copy", "update", "swap-out", "sw
 
 
 def plant_swap(llm: LLM, seam: str, fault: Fault, monkeypatch) -> None:
-    """The engine's seams, and the two copies between the pools (the first done, then the fault)."""
+    """The engine's seams, and the two copies between the pools (the fault before that copy)."""
     if seam not in ("swap-out", "swap-in"):
         plant(llm, seam, fault, monkeypatch)
         return
     real = model_executor.copy_blocks_between
     host_k = llm.host_pool.kv_caches()[0][0]
 
-    def copy(src, dst, pairs):
-        real(src, dst, pairs)
+    def copy(src, dst, pairs):  # the fault before the copy: it never ran
         if pairs and (dst[0][0] is host_k) == (seam == "swap-out"):
             fault.hit()
+        real(src, dst, pairs)
     monkeypatch.setattr(model_executor, "copy_blocks_between", copy)
 
 
@@ -230,3 +230,20 @@ def test_bad_swap_arguments_are_refused_before_anything_is_allocated(kw, error, 
     monkeypatch.setattr(llm_module, "BlockPool", no_load)
     with pytest.raises(error, match=message):
         LLM(MODEL, **kw)
+
+
+def test_a_victim_that_copied_on_write_in_the_same_step_swaps_out_the_copied_content(loaded):
+    """Four samples share a partial last block; the first copies it on write (a fresh block, its copy
+    dropped when the group is preempted in the same step): the swap-out must copy the source's KV."""
+    prompts = [[(3 * i + 1) % 256 for i in range(5)], [(5 * i + 2) % 256 for i in range(5)]]
+    params = [SamplingParams(n=4, temperature=1.0, seed=s, max_tokens=8, ignore_eos=True) for s in (1, 2)]
+
+    def run(**kw):
+        llm = LLM(loaded, block_size=4, max_num_seqs=8, max_num_batched_tokens=16, seed=3, check_invariants=True,
+                  poison_kv_cache=True, **kw)
+        return [[c.token_ids for c in r.outputs] for r in llm.generate(prompts, params)], llm
+
+    want, _ = run(num_blocks=64)
+    got, llm = run(num_blocks=9, preemption_mode="swap", swap_space=gib(64))
+    assert llm.stats.num_swap_outs > 0
+    assert got == want
