@@ -46,15 +46,23 @@ from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
 from pagedbench.refengine.engine.stop_strings import StopStringWatcher
+from pagedbench.refengine.engine.swap_preemption import PREEMPTION_MODES as SWAP_PREEMPTION_MODES
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
 from pagedbench.refengine.kv.contiguous import ContiguousBlockManager
+from pagedbench.refengine.kv.host_pool import (
+    HostBlockAllocator,
+    HostBlockPool,
+    available_host_memory_bytes,
+    checked_swap_space_bytes,
+)
 from pagedbench.refengine.model.config import resolve_dtype
 from pagedbench.refengine.model.loader import LoadedModel, load_model
 
 ALLOCATORS = ("paged", "contiguous")
 POLICIES = Scheduler.POLICIES
+PREEMPTION_MODES = SWAP_PREEMPTION_MODES
 
 
 def poison_from_env() -> bool:
@@ -126,6 +134,13 @@ class LLM:
     1..N-1 are spawned at construction and stopped by :meth:`close` (or ``with LLM(...) as llm``, or at
     exit). ``model`` must then be what each rank can load itself (not a LoadedModel), and a rank's failure
     fails the step and every later one with ``TensorParallelError`` naming the rank.
+
+    ``preemption_mode``: "recompute" (a victim's blocks are dropped and its tokens computed again) or
+    "swap" (paged allocator only: its blocks are copied to a host pool of ``swap_space`` GiB and back,
+    ``engine/swap_preemption.py``; a group the host pool cannot take is recomputed and counted in
+    ``stats.num_swap_fallbacks``). ``swap_space`` (GiB, default 4 as vLLM's) is allocated only in swap
+    mode, as whole blocks (0, or less than a block: every preemption falls back to recompute); it is
+    refused when larger than the host's available memory.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -135,10 +150,20 @@ class LLM:
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
                  poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4) -> None:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
+        if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
+            raise InvalidArgumentError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
+                                       f"got {preemption_mode!r}")
+        if preemption_mode == "swap" and allocator != "paged":
+            raise InvalidArgumentError(f"preemption_mode='swap' needs the paged allocator, got allocator={allocator!r}")
+        if preemption_mode == "swap" and self.tensor_parallel_size > 1:
+            # each rank's pool would need its own host pool and the swaps in the broadcast step
+            raise InvalidArgumentError("preemption_mode='swap' is not supported with tensor_parallel_size > 1 yet; "
+                                       "use preemption_mode='recompute'")
+        swap_bytes = checked_swap_space_bytes(swap_space, available_host_memory_bytes())
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:
@@ -205,11 +230,18 @@ class LLM:
         else:
             self.block_manager = ContiguousBlockManager(self.pool.num_blocks, self.block_size,
                                                         max_seq_len=self.max_model_len, policy="max")
+        self.preemption_mode = preemption_mode
+        self.host_pool = None  # swap mode's host tier
+        host_allocator = None
+        if preemption_mode == "swap":
+            self.host_pool = HostBlockPool(self.pool, swap_bytes // self.pool.bytes_per_block)
+            host_allocator = HostBlockAllocator(self.host_pool.num_blocks)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             stop=StopRule(frozenset(cfg.eos_token_ids), self.max_model_len),
-            prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks)
+            prefix_caching=self.enable_prefix_caching, policy=policy, watermark_blocks=watermark_blocks,
+            preemption_mode=preemption_mode, host_allocator=host_allocator)
         self.check_invariants = bool(check_invariants)
         self.batch_invariant = bool(batch_invariant)
         if tp == 1:
@@ -220,6 +252,7 @@ class LLM:
 
             self.executor = start_tensor_parallel(model, self.model, self.pool, self.block_manager,
                                                   self.block_size, tp, seed=seed)
+        self.executor.host_pool = self.host_pool
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator,
                                rewind_generator=self.executor.rewind_generator)

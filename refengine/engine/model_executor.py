@@ -15,6 +15,7 @@ from pagedbench.refengine.engine.core import StepResult
 from pagedbench.refengine.engine.logprobs import token_logprobs
 from pagedbench.refengine.engine.scheduler import SchedulerOutput
 from pagedbench.refengine.engine.step_inputs import HostBlockTables, StepInputs
+from pagedbench.refengine.kv.swap_copy import copy_blocks_between
 from pagedbench.refengine.model.attention_backend import AttentionMetadata
 from pagedbench.refengine.model.sampling import child_generator, rewind_generator, sample_batch
 
@@ -38,6 +39,7 @@ class ModelExecutor:
         self.check_block_tables = False
         self.batch_invariant = batch_invariant
         self.logits_hook = None
+        self.host_pool = None  # swap preemption's HostBlockPool (the LLM sets it in swap mode)
         # the attention backend's per-step layout (the CPU backend's gather indices and masks), built here
         # so that it counts as host time; the model's forward then finds it built. None: no such step
         self.plan = getattr(getattr(model, "attention_backend", None), "plan", None)
@@ -113,7 +115,17 @@ class ModelExecutor:
         pos = torch.from_numpy(step.positions).to(device)
         return self.model.forward(ids, pos, meta, self.kv_caches), meta
 
+    def apply_swaps(self, out: SchedulerOutput) -> None:
+        """Apply the step's swaps: every swap-out first (a block it frees may be written by another table
+        this step), then every swap-in; both before the copy-on-write copies and the model."""
+        device, host = self.kv_caches, self.host_pool.kv_caches()
+        copy_blocks_between(device, host, [(s.src, s.dst) for s in out.swap_out])
+        copy_blocks_between(host, device, [(s.src, s.dst) for s in out.swap_in])
+
     def apply_copies(self, out: SchedulerOutput) -> None:
-        """Apply the step's copy-on-write copies to the KV pool (before the model runs)."""
+        """Apply the step's swaps (:meth:`apply_swaps`), then its copy-on-write copies to the KV pool
+        (before the model runs)."""
+        if out.swap_out or out.swap_in:
+            self.apply_swaps(out)
         if out.copies:
             self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])

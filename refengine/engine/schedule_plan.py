@@ -18,6 +18,20 @@ class BlockCopy:
     dst: int  # physical block id to copy to
 
 
+@dataclass(frozen=True, slots=True)
+class BlockSwap:
+    """A block copied between the device pool and the host pool (swap preemption), every layer, K and V.
+
+    In ``SchedulerOutput.swap_out`` ``src`` is a device block and ``dst`` a host block; in ``swap_in``
+    ``src`` is a host block and ``dst`` a device block. The executor applies the step's swap-outs first
+    (a block swapped out may be given to another table in the same step), then its swap-ins, then its
+    copy-on-write copies (a swapped-in sequence's first append may copy a block it brought back).
+    """
+
+    src: int  # block id in the pool copied from
+    dst: int  # block id in the pool copied to
+
+
 class ScheduledChunk:
     """``num_tokens`` tokens of ``seq`` computed this step, positions ``[start, start + num_tokens)``.
 
@@ -54,10 +68,12 @@ class SchedulerOutput:
     copies: tuple[BlockCopy, ...]  # copy-on-write copies, to apply before the model runs
     preempted_seq_ids: tuple[int, ...]  # sequences preempted while planning this step
     num_batched_tokens: int  # sum of the chunks' num_tokens
+    swap_out: tuple[BlockSwap, ...] = ()  # (device -> host) copies, applied first
+    swap_in: tuple[BlockSwap, ...] = ()  # (host -> device) copies, applied after the swap-outs
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.swap_out and not self.swap_in
 
 
 @dataclass(frozen=True, slots=True)

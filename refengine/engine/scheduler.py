@@ -41,6 +41,7 @@ from pagedbench.refengine.engine import priority_order
 from pagedbench.refengine.engine.schedule_plan import BlockCopy, ScheduledChunk, SchedulerOutput, StopRule
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.engine.step_update import StepUpdate
+from pagedbench.refengine.engine.swap_preemption import PREEMPTION_MODES, SwapPreemption
 from pagedbench.refengine.errors import InvalidArgumentError, OutOfBlocksError
 from pagedbench.refengine.kv.prefix_hash import MAX_TOKEN_ID
 
@@ -49,17 +50,26 @@ _PENDING_CHILDREN = operator.attrgetter("pending_children")
 __all__ = ["BlockCopy", "ScheduledChunk", "Scheduler", "SchedulerOutput", "StopRule"]
 
 
-class Scheduler(StepUpdate):
+class Scheduler(StepUpdate, SwapPreemption):
     """Plans steps over ``block_manager`` (a BlockManager or a ContiguousBlockManager).
 
     A sequence forks its ``pending_children`` when its prefill completes; the engine gives children to
     fork only with an allocator that can fork (paged), otherwise it queues every child on its own.
+
+    ``preemption_mode="swap"`` (a paged manager and a ``host_allocator``, a HostBlockAllocator): victims
+    are swapped to the host pool rather than recomputed (``engine/swap_preemption.py``).
     """
 
     POLICIES = ("mixed", "separate")
 
     def __init__(self, block_manager, *, max_num_seqs: int, max_num_batched_tokens: int, stop: StopRule,
-                 prefix_caching: bool, policy: str = "mixed", watermark_blocks: int = 0) -> None:
+                 prefix_caching: bool, policy: str = "mixed", watermark_blocks: int = 0,
+                 preemption_mode: str = "recompute", host_allocator=None) -> None:
+        if preemption_mode not in PREEMPTION_MODES:
+            raise InvalidArgumentError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        if preemption_mode == "swap" and (host_allocator is None or not hasattr(block_manager, "swap_out")):
+            raise InvalidArgumentError("preemption_mode='swap' needs a host_allocator and a block manager that "
+                                       f"swaps (paged); got {host_allocator!r} and {type(block_manager).__name__}")
         if policy not in self.POLICIES:
             raise InvalidArgumentError(f"policy must be one of {self.POLICIES}, got {policy!r}")
         if type(watermark_blocks) is not int or watermark_blocks < 0:
@@ -89,6 +99,7 @@ class Scheduler(StepUpdate):
         self._plan: list[ScheduledChunk] = []
         self._forks: list[tuple[Sequence, list[Sequence]]] = []
         self._forking = False  # whether a sequence with children to fork was ever queued (see running_seats)
+        self._init_swap(preemption_mode, host_allocator)
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -107,19 +118,21 @@ class Scheduler(StepUpdate):
         return len(running) + sum(map(len, map(_PENDING_CHILDREN, running)))  # (at C speed)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def abort_all(self) -> None:
         """Drop every sequence: running ones give their blocks back; each ends with ``"abort"``."""
-        for seq in (*self.running, *self.waiting):
+        for seq in (*self.running, *self.waiting, *(s for g in self.swapped for s in g.seqs)):
             self._end(seq)
+        self._release_host_blocks()  # (between steps: the last one's swap-ins have run)
         self.running.clear()
         self.waiting.clear()
 
     def abort(self, request_id: int) -> list[Sequence]:
         """Drop every sequence of ``request_id`` (waiting, preempted, running, mid-prefill), freeing
         their blocks now; each ends with ``"abort"``. Returns them (empty: none was queued)."""
-        mine = [s for s in (*self.running, *self.waiting) if s.request_id == request_id]
+        mine = [s for s in (*self.running, *self.waiting, *(s for g in self.swapped for s in g.seqs))
+                if s.request_id == request_id]
         if mine:
             self.running[:] = [s for s in self.running if s.request_id != request_id]
             self.waiting[:] = [s for s in self.waiting if s.request_id != request_id]
@@ -131,6 +144,8 @@ class Scheduler(StepUpdate):
         """Abort one queued or running sequence and the children it has not forked yet."""
         if self.block_manager.has_sequence(seq.seq_id):
             self.block_manager.free(seq.seq_id)
+        elif self.swapped:
+            self._drop_swapped(seq)
         for s in (seq, *seq.pending_children):
             s.status = SequenceStatus.FINISHED
             s.finish_reason = "abort"
@@ -142,26 +157,29 @@ class Scheduler(StepUpdate):
         self._plan = chunks
         if self._forks:
             self._forks = []
+        if self.preemption_mode == "swap":
+            self._release_host_blocks()  # the last step's swap-ins have read them
+            self._new_swap_step()
         copies: list[BlockCopy] = []
         preempted: list[int] = []
         budget = self.max_num_batched_tokens
         if self.policy == "separate":
             budget = self._prefill_chunks(chunks, budget)
-            budget = self._admit(chunks, budget)
-            if not chunks:
+            budget = self._admit(chunks, copies, budget)
+            if not chunks and not self._swap_in:
                 budget, _ = self._decodes(chunks, copies, preempted, budget)
         else:
             budget, prefills_seen = self._decodes(chunks, copies, preempted, budget)
             if prefills_seen:  # else a pass over every running sequence would find nothing
                 budget = self._prefill_chunks(chunks, budget)
-            budget = self._admit(chunks, budget)
-        if not chunks and self.has_unfinished():
+            budget = self._admit(chunks, copies, budget)
+        if not chunks and not self._swap_in and self.has_unfinished():
             raise RuntimeError(
                 f"scheduler made no progress: {len(self.waiting)} waiting, {len(self.running)} running, "
                 f"{self.block_manager.num_free_blocks} free blocks (a request larger than the pool?)")
         self.peak_running = max(self.peak_running, len(self.running))
         return SchedulerOutput(tuple(chunks), tuple(copies), tuple(preempted),
-                               self.max_num_batched_tokens - budget)
+                               self.max_num_batched_tokens - budget, tuple(self._swap_out), tuple(self._swap_in))
 
     def _decodes(self, chunks: list[ScheduledChunk], copies: list[BlockCopy], preempted: list[int],
                  budget: int) -> tuple[int, bool]:
@@ -221,12 +239,15 @@ class Scheduler(StepUpdate):
                 pairs = self.block_manager.append_token(seq.seq_id, seq.token_ids[-1])
             except OutOfBlocksError:
                 group = self._newest_group()
+                content: dict[int, int] = {}  # a dropped copy's destination -> the block it copies
                 if copies:  # a victim's copy-on-write made earlier in this pass is into a block it now frees
                     doomed = {b for victim in group for b in self.block_manager.block_table(victim.seq_id)}
+                    content = {c.dst: c.src for c in copies if c.dst in doomed}
                     copies[:] = [c for c in copies if c.dst not in doomed]
-                for victim in group:
-                    self._preempt(victim)
-                    preempted.append(victim.seq_id)
+                if not (self.preemption_mode == "swap" and self._swap_out_group(group, content)):
+                    for victim in group:
+                        self._preempt(victim)
+                preempted.extend(victim.seq_id for victim in group)
                 if seq in group:
                     return False
                 continue
@@ -253,10 +274,14 @@ class Scheduler(StepUpdate):
         self.num_preemptions += 1
         self.add(seq)
 
-    def _admit(self, chunks: list[ScheduledChunk], budget: int) -> int:
-        if not self.waiting:
+    def _admit(self, chunks: list[ScheduledChunk], copies: list[BlockCopy], budget: int) -> int:
+        if not self.waiting and not self.swapped:
             return budget
         seats = self.running_seats()
+        if self.swapped:  # swapped groups come back first, and the head one still out blocks the rest
+            budget, seats, blocked = self._swap_in_groups(chunks, copies, budget, seats)
+            if blocked:
+                return budget
         waiting = self.waiting
         while waiting and budget > 0:
             rid = waiting[0].request_id

@@ -36,6 +36,12 @@ class LLMStats:
     # wall seconds spent in generate and step calls since construction (the idle time between calls not)
     elapsed_s: float = 0.0
     num_failed_steps: int = 0  # steps that raised and were rolled back (their sequences recompute-preempted)
+    # swap preemption (preemption_mode="swap"), counted in groups (a request's sequences go together)
+    num_swap_outs: int = 0  # groups swapped to the host pool
+    num_swap_ins: int = 0  # groups swapped back to the device
+    num_swap_fallbacks: int = 0  # groups the host pool could not take: recompute-preempted instead
+    num_swapped_out_blocks: int = 0  # blocks copied device -> host (a shared block once)
+    num_swapped_in_blocks: int = 0  # blocks copied host -> device
 
     def __str__(self) -> str:
         """The figures a reader looks for first, throughput included (``repr`` has every field)."""
@@ -136,4 +142,8 @@ class StatsRecorder:
             mean_running_seqs_queued=self.queued_running_sum / max(self.queued_steps, 1),
             mean_kv_utilisation_queued=self.queued_util_sum / max(self.queued_steps, 1),
             elapsed_s=self.elapsed_s, num_failed_steps=scheduler.num_rollbacks,
+            num_swap_outs=getattr(scheduler, "num_swap_outs", 0), num_swap_ins=getattr(scheduler, "num_swap_ins", 0),
+            num_swap_fallbacks=getattr(scheduler, "num_swap_fallbacks", 0),
+            num_swapped_out_blocks=getattr(scheduler, "num_swapped_out_blocks", 0),
+            num_swapped_in_blocks=getattr(scheduler, "num_swapped_in_blocks", 0),
         )

@@ -35,6 +35,8 @@ class StepUpdate:
         bm = self.block_manager
         bs = bm.block_size
         publish = self.prefix_caching
+        if self._host_release:  # the step ran: its swap-ins have read these host blocks
+            self._release_host_blocks()
         finished: list[Sequence] = []
         used = 0  # tokens of ``sampled`` taken: each must belong to a sequence that sampled
         eos, max_len = self.stop.eos_token_ids, self.stop.max_model_len
@@ -103,6 +105,10 @@ class StepUpdate:
         failed forward, is dropped with its blocks; what the step published was written by a forward
         that completed. The sequences the plan preempted are already waiting, whole. The caller rewinds
         the samplers' generators (a sequence draws once per generated token).
+
+        With swap preemption, groups the step swapped out and sequences it swapped in (with or without
+        a chunk) are recompute-preempted too, and their host blocks released: their copies may not have
+        run (``engine/swap_preemption.py``).
         """
         plan, forks = self._plan, self._forks
         self._plan, self._forks = [], []
@@ -136,6 +142,8 @@ class StepUpdate:
             seq.num_preemptions += 1  # its block-table row is stale (see step_inputs)
             self.add(seq)
             seqs.append(seq)
+        if self.preemption_mode == "swap":
+            self._undo_swaps()
         self.num_rollbacks += 1
         return seqs
 
@@ -158,6 +166,8 @@ class StepUpdate:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        elif self.swapped:
+            self._drop_swapped(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

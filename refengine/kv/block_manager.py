@@ -51,6 +51,7 @@ from pagedbench.refengine.kv.block_manager_checks import (
 from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
 from pagedbench.refengine.kv.prefix_cache import PrefixCache
+from pagedbench.refengine.kv.swap_tables import SwapTables
 from pagedbench.refengine.kv.table_growth import TableGrowth
 from pagedbench.refengine.kv.token_checks import (
     checked_positive_int,
@@ -105,7 +106,7 @@ class AllocationPreview:
     num_hit_blocks: int  # its leading blocks the prefix cache would serve (0 without prefix caching)
 
 
-class BlockManager(TableGrowth, PrefixCache, DecodeRounds):
+class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
     """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
