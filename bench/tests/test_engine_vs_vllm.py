@@ -147,5 +147,6 @@ def test_the_study_writes_both_files_when_vllm_did_not_run(tmp_path: Path):
     assert [e["status"] for e in back["engines"]] == ["ok", "not run"]
     assert back["engines"][0]["best"]["tokens_per_s"] == 16.0
     assert len(back["load_average"]["before"]) == 3
+    assert len(back["engines"][0]["runs"]["load_1min"]) == 1  # one load reading per run
     assert "not run: no vLLM here" in md and "not compared" in md
     assert (tmp_path / "engine_vs_vllm.md").read_text() == md

@@ -13,6 +13,7 @@ from "start the engine" to a first answer.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ class EngineRow:
     reason: str | None = None  # why not "ok"
     startup: Startup | None = None
     runs: list[Run] = field(default_factory=list)
+    load_1min: list[float] = field(default_factory=list)  # the 1-minute load average as each run began
 
     @property
     def best(self) -> Run | None:
@@ -152,6 +154,7 @@ def run_session(runners: Sequence[Runner], prompts: Sequence[Sequence[int]], max
             for runner in list(live):
                 time.sleep(settle_s)
                 log(f"run {rep + 1}/{repetitions}: {runner.name}")
+                by_name[runner.name].load_1min.append(os.getloadavg()[0])
                 try:
                     by_name[runner.name].runs.append(runner.run(prompts, max_tokens))
                 except Exception as exc:

@@ -39,7 +39,9 @@ class OursRunner:
                        versions={"torch": torch.__version__, "pagedbench": version_of("pagedbench")},
                        settings={"threads": torch.get_num_threads(), "kv_cache_bytes": self.kv_cache_bytes,
                                  "num_blocks": self.llm.pool.num_blocks, "block_size": self.llm.block_size,
-                                 "max_num_seqs": self.max_num_seqs, "enable_prefix_caching": False,
+                                 "max_num_seqs": self.max_num_seqs,
+                                 "max_num_batched_tokens": self.llm.max_num_batched_tokens,
+                                 "enable_prefix_caching": False,
                                  "dtype": str(loaded.model.dtype),
                                  "attention_backend": loaded.model.attention_backend.name})
 

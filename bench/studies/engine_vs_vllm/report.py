@@ -12,8 +12,16 @@ def _f(x: float | None, fmt: str = ".1f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _runs(runs: dict | None) -> str:
+    if not runs:
+        return "–"
+    load = runs.get("load_1min") or [None] * len(runs["tokens_per_s"])
+    return ", ".join(f"{t:.1f} (load {_f(x, '.1f')})" for t, x in zip(runs["tokens_per_s"], load))
+
+
 def _engine_lines(doc: dict) -> list[str]:
-    lines = ["| engine | status | tokens/s (best) | runs: tokens/s | start-up s | first output s | "
+    lines = ["| engine | status | tokens/s (best) | runs: tokens/s (1-min load average as it began) | "
+             "start-up s | first output s | "
              "torch | vllm | settings |", "|---|---|---|---|---|---|---|---|---|"]
     for e in doc["engines"]:
         st, best, runs = e.get("startup"), e.get("best"), e.get("runs")
@@ -21,7 +29,7 @@ def _engine_lines(doc: dict) -> list[str]:
         settings = ", ".join(f"{k}={v}" for k, v in (st or {}).get("settings", {}).items())
         status = e["status"] if e["status"] == "ok" else f"{e['status']}: {e['reason']}"
         lines.append(f"| {e['name']} | {status} | {_f(best and best['tokens_per_s'])} | "
-                     f"{', '.join(_f(t) for t in runs['tokens_per_s']) if runs else '–'} | "
+                     f"{_runs(runs)} | "
                      f"{_f(st and st['startup_s'])} | {_f(st and st['first_output_s'], '.2f')} | "
                      f"{versions.get('torch', '–')} | {versions.get('vllm') or '–'} | {settings or '–'} |")
     return lines

@@ -40,6 +40,7 @@ def row_record(row: EngineRow) -> dict:
         best = row.best
         rec["runs"] = {"wall_s": [r.wall_s for r in row.runs],
                        "tokens_per_s": [r.tokens_per_s for r in row.runs],
+                       "load_1min": row.load_1min[:len(row.runs)],
                        "same_tokens_every_run": all(r.token_ids == row.runs[0].token_ids for r in row.runs)}
         rec["best"] = {"wall_s": best.wall_s, "generated_tokens": best.generated_tokens,
                        "tokens_per_s": best.tokens_per_s}
