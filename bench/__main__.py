@@ -2,6 +2,7 @@
 
 Each study is a module (``STUDY_MODULES``: most are ``pagedbench.bench.studies.<study>.study``) with
 ``main(argv: list[str]) -> None``.
+After the studies it writes ``results/README.md`` (``bench/headline.py``), the page of headline answers.
 ``python -m pagedbench.bench STUDY [ARGS...]`` runs one study with its own arguments (e.g. ``calibrate
 --quick``); ``python -m pagedbench.bench prepare-model smollm2`` prepares the real test model.
 """
@@ -22,11 +23,12 @@ STUDY_MODULES = {
     "throughput_study": "studies.throughput.study", "engine_vs_hf": "studies.engine_vs_hf.study",
     "batch_invariance": "studies.batch_invariance.study", "load_speed": "studies.load_speed.study",
     "beam_study": "studies.beam.study", "beam_serving": "studies.beam.serving",
+    "engine_vs_vllm": "studies.engine_vs_vllm", "costmodel.fit_error": "costmodel.fit_error",
 }
 STUDIES = tuple(STUDY_MODULES)
 COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
             "serve-sim": "studies.serve_sim.study", "loadgen": "loadgen",
-            "server_overhead": "studies.server_overhead.study"}
+            "server_overhead": "studies.server_overhead.study", "headline": "headline"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"pagedbench.bench.{STUDY_MODULES[name]}")
         module.main(["--full"] if args.full else [])
         print(f"=== {name}: {time.perf_counter() - start:.1f} s ===", flush=True)
+    # the one-screen page, from whatever records the studies (this run's and earlier ones) left
+    importlib.import_module("pagedbench.bench.headline").main([])
     return 0
 
 

@@ -238,7 +238,7 @@ def markdown(record: dict) -> str:
 
 
 def write_record(record: dict, out_dir: Path) -> list[Path]:
-    from pagedbench.bench import records
+    from pagedbench.bench.common import records
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "costmodel_fit.json", out_dir / "costmodel_fit.md"]
@@ -248,11 +248,12 @@ def write_record(record: dict, out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from pagedbench.bench import environment as env_mod  # imports torch (device description): only when run
+    from pagedbench.bench.common import environment as env_mod  # imports torch (device description): only when run
 
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench.costmodel.fit_error", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
+    parser.add_argument("--full", action="store_true", help="(the same comparison: it has no larger sweep)")
     args = parser.parse_args(argv)
     record = {"environment": env_mod.environment(), **fit_error()}
     for path in write_record(record, Path(args.out)):
