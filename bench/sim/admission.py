@@ -17,17 +17,23 @@ from pagedbench.refengine import BlockManager
 
 
 def admit(sched, chunks: list, budget: int) -> int:
-    """``sched._admit(chunks, budget)``: its admissions, with the refused allocation counted rather than
-    made (a paged block manager without a prefix cache; anything else is the scheduler's own call)."""
+    """``sched._admit(chunks, copies, budget)``: its admissions, with the refused allocation counted rather
+    than made (a paged block manager without a prefix cache; anything else is the scheduler's own call).
+    Only a swapped-in sequence's append can plan a copy there, and the fast-forward serves recompute
+    preemption only: a copy planned here is an error, not something to drop."""
+    if getattr(sched, "swapped", None):
+        raise ValueError("the fast-forward's admission serves recompute preemption only; this scheduler has "
+                         f"{len(sched.swapped)} swapped sequences")
+    copies: list = []
     cut = first_refused(sched, budget)
     if cut is None:
-        return sched._admit(chunks, budget)
+        return sched._admit(chunks, copies, budget)
     waiting = sched.waiting
     # the scheduler's loop sees the queue up to the refused sequence (a new list of those few: the queue
     # itself may be thousands long), and takes what it admits from its front, as from the queue's
     shown = sched.waiting = waiting[:cut]
     try:
-        budget = sched._admit(chunks, budget)
+        budget = sched._admit(chunks, copies, budget)
     finally:
         sched.waiting = waiting
         del waiting[:cut - len(shown)]

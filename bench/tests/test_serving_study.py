@@ -61,6 +61,10 @@ def test_study_end_to_end(tmp_path, monkeypatch):
     serving_study.main(["--config", str(write(tmp_path, TINY)), "--out", str(out), "--no-plots"])
     assert len(list((tmp_path / "cache").iterdir())) == cached  # the re-run resumed from the cache
     assert json.loads((out / "serving.json").read_text())["searches"] == doc["searches"]
+    rendered = (out / "serving.md").read_text()
+    (out / "serving.md").unlink()
+    serving_study.main(["--out", str(out), "--render-only", "--no-plots"])  # from the record alone
+    assert (out / "serving.md").read_text() == rendered
 
 
 def setting(**kw) -> dict:

@@ -46,7 +46,7 @@ def _scene(seed: int, prefix: bool = False) -> tuple[Scheduler, _Counting]:
     for _ in range(rng.randrange(0, 4)):  # running ones (some with children to fork after their prefill)
         sched.add(_seq(sid, sid, rng.randrange(1, 3 * bs), children=int(rng.random() < 0.3)))
         sid += 1
-    sched._admit([], 10_000)
+    sched._admit([], [], 10_000)
     for _ in range(rng.randrange(1, 9)):  # the queue
         rid, n = sid, rng.randrange(1, 6 * bs)
         twins = 1 + (rng.random() < 0.1)  # a group preempted together: one request, two sequences
@@ -71,7 +71,7 @@ def test_admit_is_the_schedulers_admission(prefix):
         (plain, plain_bm), (fast, fast_bm) = _scene(seed, prefix), _scene(seed, prefix)
         budget = random.Random(seed).choice([1, 7, 30, plain.max_num_batched_tokens, 10_000, 10_000])
         plain_chunks, fast_chunks = [], []
-        plain_left = plain._admit(plain_chunks, budget)
+        plain_left = plain._admit(plain_chunks, [], budget)
         fast_left = admit(fast, fast_chunks, budget)
         assert _outcome(fast, fast_bm, fast_chunks, fast_left) == _outcome(plain, plain_bm, plain_chunks, plain_left)
         assert fast_bm.calls <= plain_bm.calls

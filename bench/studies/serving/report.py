@@ -213,6 +213,11 @@ def findings(doc: dict, settings: set[str], criterion: str) -> str:
     return "\n".join(lines) or "- Paging gains over every Orca variant in every setting shown."
 
 
+def _gpus(setting: dict) -> str:
+    tp = setting.get("tensor_parallel_size", 1)
+    return f"{tp} x " if tp > 1 else ""
+
+
 def paper_comparison(doc: dict, names: list[str]) -> str:
     """Fig. 12's panels (the paper's OPT models, ShareGPT and Alpaca): our paired paged / Orca ratios at
     the first criterion beside the paper's ranges, each placed inside, below or above the ShareGPT one."""
@@ -390,13 +395,14 @@ def trace_table(doc: dict) -> str:
 
 def markdown(doc: dict) -> str:
     c = doc["config"]
-    paper = {c["settings"][0]["name"]}
-    today = {s["name"] for s in c["settings"][1:]}
+    # the paper's settings are its OPT models (Fig. 12's panels); the rest are today's
+    paper = {s["name"] for s in c["settings"] if s["model"].startswith("opt-")} or {c["settings"][0]["name"]}
+    today = {s["name"] for s in c["settings"]} - paper
     names = doc["criteria"]
     slo = next((n for n in names if n.startswith("slo:")), names[0])
     slots = "\n".join(f"**{name}**: {v['num_slots']:,} KV slots\n\n```\n" + "\n".join(v["derivation"]) + "\n```"
                       for name, v in doc["kv_slots"].items())
-    notes = "\n".join(f"- **{name}** ({s['model']} on {s['hardware']}, context {s['context']:,}): {s['note']}"
+    notes = "\n".join(f"- **{name}** ({s['model']} on {_gpus(s)}{s['hardware']}, context {s['context']:,}): {s['note']}"
                       for name, s in doc["settings"].items())
     plots = "\n".join(f"![{name}]({file})" for name, file in plot_names(doc).items())
     return f"""# Serving: request rate at equal latency (the vLLM paper's Fig. 12), at SLOs, memory (Fig. 2, 13), cost

@@ -25,6 +25,7 @@ re-run resumes. Writes ``results/serving.{json,md}`` and ``results/serving_*.png
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -185,13 +186,21 @@ def main(argv: list[str]) -> None:
     parser = records.study_parser("python -m pagedbench.bench serving_study", __doc__, CONFIG, env_mod.RESULTS_DIR)
     parser.add_argument("--address", default=None,
                         help="a Ray cluster's address (default: RAY_ADDRESS, else local processes)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-render serving.md (and the plots) from the serving.json in --out; simulate nothing")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.render_only:  # the report's wording changed, the record did not
+        doc = json.loads((out / "serving.json").read_text())
+        records.write_text(out / "serving.md", serving_report.markdown(doc))
+        if not args.no_plots:
+            serving_report.plot(doc, out)
+        return
     cfg = load_config(args.config, full=args.full)  # every bad value stops here, before anything is written
     start = time.perf_counter()
     doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
            **run_study(cfg, address=args.address)}
     doc["wall_s"] = time.perf_counter() - start
-    out = Path(args.out)
     text = serving_report.markdown(doc)
     records.write_json(out / "serving.json", doc)
     records.write_text(out / "serving.md", text)
