@@ -201,7 +201,8 @@ def main(argv: list[str]) -> None:
     doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
            **run_study(cfg, address=args.address)}
     doc["wall_s"] = time.perf_counter() - start
-    text = serving_report.markdown(doc)
+    # rendered from the record as it reads back (tuples as lists), so --render-only gives the same page
+    text = serving_report.markdown(json.loads(json.dumps(doc)))
     records.write_json(out / "serving.json", doc)
     records.write_text(out / "serving.md", text)
     if not args.no_plots:
