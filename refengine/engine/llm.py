@@ -29,13 +29,23 @@ and the rest of the batch completes. ``KeyboardInterrupt`` and ``SystemExit`` ab
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
 import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
+from pagedbench.refengine.engine.llm_arguments import (
+    ALLOCATORS,
+    FP8_BACKENDS,
+    KV_CACHE_DTYPES,
+    POLICIES,
+    PREEMPTION_MODES,
+    poison_from_env,
+)
+from pagedbench.refengine.engine.llm_arguments import positive as _positive
+from pagedbench.refengine.engine.llm_arguments import swap_space_bytes as _swap_space_bytes
+from pagedbench.refengine.engine.llm_arguments import tensor_parallel_size as _tensor_parallel_size
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
 from pagedbench.refengine.engine.progress import GenerateProgress, wants_bar
@@ -46,56 +56,15 @@ from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.engine.stats import LLMStats, StatsRecorder
 from pagedbench.refengine.engine.stop_strings import StopStringWatcher
-from pagedbench.refengine.engine.swap_preemption import PREEMPTION_MODES as SWAP_PREEMPTION_MODES
 from pagedbench.refengine.errors import InvalidArgumentError, InvalidRequestError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
 from pagedbench.refengine.kv.contiguous import ContiguousBlockManager
-from pagedbench.refengine.kv.host_pool import (
-    HostBlockAllocator,
-    HostBlockPool,
-    available_host_memory_bytes,
-    checked_swap_space_bytes,
-)
+from pagedbench.refengine.kv.host_pool import HostBlockAllocator, HostBlockPool
 from pagedbench.refengine.model.config import resolve_dtype
 from pagedbench.refengine.model.loader import LoadedModel, load_model
 
-ALLOCATORS = ("paged", "contiguous")
-POLICIES = Scheduler.POLICIES
-PREEMPTION_MODES = SWAP_PREEMPTION_MODES
-
-
-def poison_from_env() -> bool:
-    """``PAGEDBENCH_POISON_KV=1`` in the environment: NaN-fill every LLM's KV pool (tests, debugging)."""
-    return os.environ.get("PAGEDBENCH_POISON_KV", "") not in ("", "0")
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _tensor_parallel_size(value: object, model, attention_backend, batch_invariant: bool) -> int:
-    from pagedbench.kernels.device import backend
-    from pagedbench.refengine.parallel.size import check_tensor_parallel_size
-
-    tp = check_tensor_parallel_size(value, is_gpu=backend().is_gpu)
-    if tp > 1 and isinstance(model, LoadedModel):
-        raise InvalidArgumentError("tensor_parallel_size > 1 needs what each rank can load itself (a model folder, "
-                                   "a ModelConfig, a dict or a YAML path), not a LoadedModel")
-    if tp > 1 and not (attention_backend is None or isinstance(attention_backend, str)):
-        raise InvalidArgumentError("tensor_parallel_size > 1 needs the attention backend by name, "
-                                   f"got {type(attention_backend).__name__}")
-    if tp > 1 and batch_invariant:
-        raise InvalidArgumentError("batch_invariant=True does not support tensor_parallel_size > 1")
-    return tp
-
-
-#: kv_cache_dtype names -> the cache's torch dtype ("auto": the model's)
-KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
-#: attention backends that read and write fp8 caches (their launchers quantize and dequantize)
-FP8_BACKENDS = ("triton", "torch", "torch-batched")
+__all__ = ["ALLOCATORS", "FP8_BACKENDS", "KV_CACHE_DTYPES", "LLM", "POLICIES", "PREEMPTION_MODES", "poison_from_env"]
 
 
 class LLM:
@@ -154,16 +123,7 @@ class LLM:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
-        if not isinstance(preemption_mode, str) or preemption_mode not in PREEMPTION_MODES:
-            raise InvalidArgumentError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
-                                       f"got {preemption_mode!r}")
-        if preemption_mode == "swap" and allocator != "paged":
-            raise InvalidArgumentError(f"preemption_mode='swap' needs the paged allocator, got allocator={allocator!r}")
-        if preemption_mode == "swap" and self.tensor_parallel_size > 1:
-            # each rank's pool would need its own host pool and the swaps in the broadcast step
-            raise InvalidArgumentError("preemption_mode='swap' is not supported with tensor_parallel_size > 1 yet; "
-                                       "use preemption_mode='recompute'")
-        swap_bytes = checked_swap_space_bytes(swap_space, available_host_memory_bytes())
+        swap_bytes = _swap_space_bytes(preemption_mode, swap_space, allocator, self.tensor_parallel_size)
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:
