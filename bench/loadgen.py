@@ -105,13 +105,18 @@ def request_body(r: Request, *, model: str | None, vocab_size: int | None, lengt
 
 
 async def _one(client, url: str, r: Request, body: dict, start: float, timeout_s: float,
-               slots: asyncio.Semaphore | None = None) -> RequestRecord:
+               slots: asyncio.Semaphore | None = None, until: float | None = None) -> RequestRecord | None:
+    """``r``'s record, or None when the run's duration ended before it could be sent."""
     delay = start + r.arrival_s - time.perf_counter()
+    if until is not None and start + r.arrival_s > until:
+        return None
     if delay > 0:
         await asyncio.sleep(delay)
     if slots is None:
         return await _send(client, url, r, body, start, timeout_s)
     async with slots:
+        if until is not None and time.perf_counter() > until:  # its slot came after the run's end
+            return None
         return await _send(client, url, r, body, start, timeout_s)
 
 
@@ -154,9 +159,13 @@ async def _send(client, url: str, r: Request, body: dict, start: float, timeout_
 
 async def run_load(base_url: str, requests: Sequence[Request], *, model: str | None = None,
                    vocab_size: int | None = None, length_control: str = "ignore_eos",
-                   timeout_s: float = 600.0, max_concurrency: int | None = None) -> LoadResult:
+                   timeout_s: float = 600.0, max_concurrency: int | None = None,
+                   duration_s: float | None = None) -> LoadResult:
     """Send every request at its ``arrival_s`` (seconds from now), with at most ``max_concurrency`` in
-    flight (None: no bound), and wait for all of them."""
+    flight (None: no bound), and wait for all of them; with ``duration_s``, none is sent after that many
+    seconds (those not sent are left out, not failed)."""
+    if duration_s is not None and not (isinstance(duration_s, (int, float)) and duration_s > 0):
+        raise ValueError(f"duration_s must be None or a number > 0, got {duration_s!r}")
     import httpx
 
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
@@ -172,10 +181,12 @@ async def run_load(base_url: str, requests: Sequence[Request], *, model: str | N
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency is not None else None
         start = time.perf_counter()
-        recs = await asyncio.gather(*(_one(client, url, r, b, start, timeout_s, slots)
+        until = None if duration_s is None else start + duration_s
+        sent = await asyncio.gather(*(_one(client, url, r, b, start, timeout_s, slots, until)
                                       for r, b in zip(requests, bodies)))
+        recs = [r for r in sent if r is not None]
         end = time.perf_counter() - start
-    first = min(r.sent_s for r in recs)
+    first = min((r.sent_s for r in recs), default=0.0)
     return LoadResult(tuple(recs), end - first)
 
 
@@ -209,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arrivals", default="trace", choices=("trace", "none", *arrivals.PATTERNS),
                    help="the trace's own times, none (every request at 0: a closed loop with --max-concurrency), "
                         "or drawn at --rate")
-    p.add_argument("--max-concurrency", type=int, help="at most this many requests in flight (default: no bound)")
+    p.add_argument("--max-concurrency", type=_concurrency_list,
+                   help="at most this many requests in flight (default: no bound); a list (1,2,4,8) runs the load "
+                        "once per value, a sweep")
+    p.add_argument("--duration", type=float, help="send no request after this many seconds (per run)")
     p.add_argument("--rate", type=float, help="requests/s for drawn arrivals")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies the trace's own times (default 1)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals' shape (1 = Poisson)")
@@ -225,27 +239,42 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        parser.error(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if args.duration is not None and not args.duration > 0:
+        parser.error(f"--duration must be > 0, got {args.duration}")
     path = trace_formats.SHIPPED.get(args.trace, args.trace)
     loaded = trace_formats.load_trace(path, format=args.format, max_seq_len=args.max_seq_len,
                                       over_context=args.over_context)
     trace = loaded.requests[:args.requests] if args.requests else loaded.requests
     reqs = schedule(trace, pattern=args.arrivals, rate=args.rate, time_scale=args.time_scale,
                     burstiness=args.burstiness, seed=args.seed)
-    result = asyncio.run(run_load(args.url, reqs, model=args.model, vocab_size=args.vocab_size,
-                                  length_control=args.length_control, timeout_s=args.timeout,
-                                  max_concurrency=args.max_concurrency))
-    summary = result.summary()
-    print(format_summary(summary))
-    for r in result.failed[:10]:
-        print(f"  failed request {r.request_id}: {r.error}")
+    runs = []
+    for c in args.max_concurrency or [None]:
+        result = asyncio.run(run_load(args.url, reqs, model=args.model, vocab_size=args.vocab_size,
+                                      length_control=args.length_control, timeout_s=args.timeout,
+                                      max_concurrency=c, duration_s=args.duration))
+        summary = {"max_concurrency": c, **result.summary()}
+        print(("" if c is None else f"max concurrency {c}: ") + format_summary(summary))
+        for r in result.failed[:10]:
+            print(f"  failed request {r.request_id}: {r.error}")
+        runs.append((summary, result))
     if args.out:
         doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(),
                "config": {**vars(args), "trace_path": loaded.path, "trace_format": loaded.format},
-               "summary": summary, "requests": [asdict(r) for r in result.records]}
+               # one run: its summary and requests at the top, as before; a sweep: one entry per value too
+               "summary": runs[0][0], "requests": [asdict(r) for r in runs[0][1].records],
+               "sweep": [{"summary": s, "requests": [asdict(r) for r in res.records]} for s, res in runs]}
         records.write_json(Path(args.out), doc)
-    return 1 if result.failed else 0
+    return 1 if any(res.failed for _, res in runs) else 0
+
+
+def _concurrency_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a concurrency or a comma-separated list of them, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every concurrency must be >= 1, got {text!r}")
+    return values
 
 
 def format_summary(s: dict) -> str:

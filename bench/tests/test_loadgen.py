@@ -93,3 +93,26 @@ def test_without_a_bound_every_request_is_in_flight_at_once(url):
 def test_a_bad_concurrency_is_refused(url, bad):
     with pytest.raises(ValueError, match="max_concurrency must be None or an int >= 1"):
         asyncio.run(loadgen.run_load(url, (Request(0, 2, 2, 0.0),), max_concurrency=bad))
+
+
+def test_a_concurrency_sweep_runs_once_per_value_and_records_each(url, tmp_path):
+    out = tmp_path / "sweep.json"
+    argv = ["--url", url, "--trace", "azure-conv", "--requests", "6", "--max-seq-len", "64", "--over-context",
+            "clip", "--vocab-size", "512", "--arrivals", "none", "--max-concurrency", "1,3", "--out", str(out)]
+    assert loadgen.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert [run["summary"]["max_concurrency"] for run in doc["sweep"]] == [1, 3]
+    for run, cap in zip(doc["sweep"], (1, 3)):
+        recs = [loadgen.RequestRecord(**{**r, "token_times_s": tuple(r["token_times_s"])}) for r in run["requests"]]
+        assert run["summary"]["completed"] == 6 and in_flight_peak(recs) == cap
+
+
+def test_a_duration_stops_sending_and_leaves_the_rest_out(url):
+    reqs = loadgen.schedule([Request(i, 4, 30, 0.0) for i in range(40)], pattern="none", rate=None,
+                            time_scale=1.0, burstiness=1.0, seed=0)
+    result = asyncio.run(loadgen.run_load(url, reqs, vocab_size=512, max_concurrency=1, duration_s=0.3))
+    s = result.summary()
+    assert 0 < s["num_requests"] < 40 and s["failed"] == 0  # not sent is not failed
+    assert max(r.sent_s for r in result.records) <= 0.3 + 0.05
+    with pytest.raises(ValueError, match="duration_s must be None or a number > 0"):
+        asyncio.run(loadgen.run_load(url, reqs[:1], duration_s=0))
