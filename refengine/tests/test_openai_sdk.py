@@ -5,6 +5,9 @@ fails here even where the raw-JSON tests pass."""
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -18,7 +21,15 @@ ENGINE = dict(seed=0, num_blocks=32, block_size=4)
 
 @pytest.fixture(scope="module")
 def sdk(words_folder):  # noqa: F811
-    running = start_in_thread(LLM(str(words_folder), **ENGINE), model_name="words", model_folder=str(words_folder))
+    llm = LLM(str(words_folder), **ENGINE)
+    execute = llm.executor.execute
+
+    def floored(out):  # a step of at least 5 ms: a 60-token stream outlasts the client that leaves it
+        time.sleep(0.005)
+        return execute(out)
+
+    llm.executor.execute = floored
+    running = start_in_thread(llm, model_name="words", model_folder=str(words_folder))
     client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", timeout=20.0, max_retries=0)
     try:
         yield client, LLM(str(words_folder), **ENGINE)
@@ -86,3 +97,32 @@ def test_bad_requests_raise_the_sdks_errors(sdk):
                                        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     with pytest.raises(openai.UnprocessableEntityError):
         client.completions.create(model="words", prompt="the", max_tokens=0)
+
+
+def test_n_completions_and_a_cancelled_stream_frees_its_blocks(sdk, words_folder):  # noqa: F811
+    client, offline = sdk
+    r = client.completions.create(model="words", prompt="a dog ran", max_tokens=5, temperature=1.0, seed=3, n=3,
+                                  extra_body={"ignore_eos": True})
+    want = offline.generate(["a dog ran"], SamplingParams(max_tokens=5, temperature=1.0, seed=3, n=3,
+                                                          ignore_eos=True), use_tqdm=False)[0].outputs
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [w.text for w in want]
+    # a long stream left after its first chunk: the server aborts it and frees its KV blocks
+    stream = client.completions.create(model="words", prompt="the cat", max_tokens=60, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    base = str(client.base_url).removesuffix("/v1/")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+        usage = float(next(line for line in text.splitlines()
+                           if line.startswith("pagedbench:kv_cache_usage_perc")).split()[-1])
+        if usage == 0.0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the cancelled stream still holds KV blocks: usage {usage}")
+    aborted = [line for line in text.splitlines()
+               if line.startswith("pagedbench:request_success_total") and 'finished_reason="abort"' in line]
+    assert aborted and float(aborted[0].split()[-1]) >= 1  # it was cut, not run to its end
