@@ -15,9 +15,12 @@ from pathlib import Path
 
 from pagedbench.bench.common import records
 from pagedbench.bench.studies.serving.precision import groups, headlines
+from pagedbench.bench.studies.serving.report import PAPER_RANGES, PAPER_TOKEN_SHARE
 
-PAPER_FIG2_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "paged": 0.963}
-PAPER_FIG12 = "the paper: vLLM sustains 1.7-2.7x Orca Oracle's and 2.7-8x Orca Max's rate (OPT-13B, ShareGPT)"
+# the paper's figures, as the serving study's report states them (one place)
+PAPER_FIG2_TOKEN_STATES = {("paged" if k.startswith("paged") else k): v for k, v in PAPER_TOKEN_SHARE.items()}
+PAPER_FIG12 = ("the paper: vLLM sustains " + " and ".join(
+    f"{lo:g}-{hi:g}x {name}'s rate" for name, (lo, hi) in PAPER_RANGES.items()) + " (OPT-13B, ShareGPT)")
 PLOTS = ("memory_block_size.png", "throughput.png", "serving_opt_13b_a100_40gb.png")
 
 

@@ -346,8 +346,9 @@ def method(doc: dict) -> str:
     c = doc["config"]
     spans = ", ".join(f"{s['name']} {s['span_s'] or c['span_s']:g} s" for s in c["settings"])
     slos = "; ".join(f"`{n}`: {parse_slo(n).label}" for n in c["slos"])
+    seeds = ", ".join(map(str, c["seeds"]))
     return f"""Each point serves the Poisson arrivals of a simulated span ({spans}; a dataset may override it),
-drawn afresh per seed ({len(c['seeds'])} seeds: {', '.join(map(str, c['seeds']))}). Latency counts only the requests arriving
+drawn afresh per seed ({len(c['seeds'])} seeds: {seeds}). Latency counts only the requests arriving
 after the first {100 * c['warmup_frac']:g}% of the span and before the last {100 * c['cooldown_frac']:g}%
 (the cool-down's arrivals keep the load on). **Overload test**: with `A` arrivals and `C` completions inside
 the measured window, the backlog grew by `A - C`; the point is overloaded when `A - C > {c['overload_z']:g}
