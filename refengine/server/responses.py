@@ -60,6 +60,7 @@ class ResponseBuilder:
         self.token_times_s: list[float] = []  # one per update that brought tokens
         self.error: str | None = None
         self._role_sent = [False] * n
+        self._offsets = [(0, len(echo))] * n  # per completion: (tokens, characters) its text offset has passed
         self.observed = False  # its metrics were recorded
 
     @property
@@ -124,8 +125,15 @@ class ResponseBuilder:
             return None
         if self.chat:
             return self._chat_logprobs(ids, entries)
-        before = len(self.echo) + sum(len(token_text(self.tokenizer, t)) for t in self.token_ids[i][:start])
-        return self._completion_logprobs(ids, entries, before)
+        return self._completion_logprobs(ids, entries, self._offset_of(i, start))
+
+    def _offset_of(self, i: int, start: int) -> int:
+        """Where completion ``i``'s token ``start`` begins in its text (echo included), advanced from the
+        last chunk's offset rather than summed from the first token again."""
+        count, offset = self._offsets[i] if self._offsets[i][0] <= start else (0, len(self.echo))
+        offset += sum(len(token_text(self.tokenizer, t)) for t in self.token_ids[i][count:start])
+        self._offsets[i] = (start, offset)
+        return offset
 
     # --- whole responses ----------------------------------------------------------------------------
     def usage(self) -> dict:
