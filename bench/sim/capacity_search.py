@@ -20,7 +20,7 @@ target half-width, for a study that adds replicates until they are.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -36,14 +36,31 @@ class Capacity:
         return None if self.bracket is None else self.bracket[1] / self.bracket[0] - 1
 
 
+def known_bracket(known: Mapping[float, bool]) -> tuple[float, float] | None:
+    """The tightest (passing, failing) pair among rates already measured: the lowest failing rate and
+    the highest passing rate below it (what bracketing from below would have stopped at), or None."""
+    failing = [r for r, ok in known.items() if not ok]
+    if not failing:
+        return None
+    hi = min(failing)
+    below = [r for r, ok in known.items() if ok and r < hi]
+    return (max(below), hi) if below else None
+
+
 def find_capacity(passes: Callable[[float], bool], start: float, *, factor: float = 4.0, steps: int = 5,
                   max_rate: float = 1e6, resolution: float | None = None,
-                  min_rate: float | None = None) -> Capacity:
+                  min_rate: float | None = None, known: Mapping[float, bool] | None = None,
+                  widen: bool = False) -> Capacity:
     """Bracket from ``start`` by ``factor`` until a rate fails, then geometric bisections: ``steps`` of
     them, or with ``resolution`` as many as bring the bracket within a factor of ``1 + resolution``.
 
     Without ``resolution`` the result lies within a factor of ``factor ** (2 ** -steps)`` below the knee.
     A criterion failing at ``start`` is searched downwards to ``min_rate`` where one is given.
+    ``known`` holds verdicts already measured (another criterion's points at the same rates): where they
+    bracket the knee, bisection starts from :func:`known_bracket` and no rate is run twice. ``widen``
+    squares the factor after each bracketing step that did not cross the knee, for a ``start`` near a
+    guessed knee (an earlier replicate's capacity, with a small factor): a good guess costs two points,
+    a bad one a few more, never the many steps of a small fixed factor.
     """
     if not start > 0 or not factor > 1 or steps < 0:
         raise ValueError(f"find_capacity needs start > 0, factor > 1, steps >= 0; got {start}, {factor}, {steps}")
@@ -51,6 +68,9 @@ def find_capacity(passes: Callable[[float], bool], start: float, *, factor: floa
         raise ValueError(f"resolution must be > 0, got {resolution}")
     if min_rate is not None and not 0 < min_rate <= start:
         raise ValueError(f"min_rate must be in (0, start={start:.3g}], got {min_rate}")
+    bracket = known_bracket(known) if known else None
+    if bracket is not None and bracket[1] <= max_rate and (min_rate is None or bracket[0] >= min_rate):
+        return _bisect(passes, *bracket, steps, resolution)
     if not passes(start):
         if min_rate is None:
             return Capacity(None, None, f"fails already at the first rate {start:.3g}")
@@ -59,6 +79,7 @@ def find_capacity(passes: Callable[[float], bool], start: float, *, factor: floa
         while not passes(lo):
             if lo <= min_rate:
                 return Capacity(None, None, f"fails at every rate down to {lo:.3g}, the search's floor")
+            factor = factor ** 2 if widen else factor
             hi, lo = lo, max(lo / factor, min_rate)
     else:
         lo = start
@@ -67,7 +88,12 @@ def find_capacity(passes: Callable[[float], bool], start: float, *, factor: floa
             lo = hi
             if lo >= max_rate:
                 return Capacity(None, None, f"still holds at {lo:.3g}, the search's limit")
+            factor = factor ** 2 if widen else factor
             hi = lo * factor
+    return _bisect(passes, lo, hi, steps, resolution)
+
+
+def _bisect(passes: Callable[[float], bool], lo: float, hi: float, steps: int, resolution: float | None) -> Capacity:
     done = 0
     while (hi / lo > 1 + resolution) if resolution is not None else done < steps:
         mid = math.sqrt(lo * hi)

@@ -12,6 +12,7 @@ from pagedbench.bench.sim.capacity_search import (
     compare,
     estimate,
     find_capacity,
+    known_bracket,
     log_estimate,
     needs_more_replicates,
     paired_verdict,
@@ -52,6 +53,49 @@ def test_a_first_rate_above_the_capacity_is_searched_downwards():
     assert find_capacity(lambda r: latency(r) <= 2.0, 50.0).reason == "fails already at the first rate 50"
     none = find_capacity(lambda r: False, 50.0, min_rate=1.0)
     assert none.rate is None and none.reason == "fails at every rate down to 1, the search's floor"
+
+
+def _counted(latency, threshold, seen):
+    def passes(rate):
+        seen.append(rate)
+        return latency(rate) <= threshold
+    return passes
+
+
+@pytest.mark.parametrize("knee", [0.37, 41.0])
+def test_a_second_criterion_bisects_from_the_first_ones_points(knee):
+    latency = latency_curve(knee)
+    first: list[float] = []
+    find_capacity(_counted(latency, 2.0, first), 0.05, resolution=0.02)
+    known = {r: latency(r) <= 1.8 for r in first}  # the second criterion's verdicts at the rates already run
+    again: list[float] = []
+    c = find_capacity(_counted(latency, 1.8, again), 0.05, resolution=0.02, known=known)
+    true = knee * (1 - 1 / 1.8)
+    assert c.rate <= true < c.bracket[1] and c.resolution <= 0.02
+    fresh: list[float] = []
+    find_capacity(_counted(latency, 1.8, fresh), 0.05, resolution=0.02)
+    assert not set(again) & set(first)  # no rate already run is run again
+    assert len(again) < len(fresh) - 2  # and the bracketing steps are saved
+
+
+def test_known_bracket_is_the_first_crossing_from_below():
+    assert known_bracket({1.0: True, 2.0: False, 3.0: True, 4.0: False}) == (1.0, 2.0)
+    assert known_bracket({1.0: True, 2.0: True}) is None  # nothing failed: no bracket
+    assert known_bracket({1.0: False, 2.0: False}) is None  # nothing passed below a failure
+
+
+@pytest.mark.parametrize(("guess", "most_points"), [(5.1, 7), (4.6, 7), (0.5, 14), (80.0, 14)])
+def test_a_guessed_capacity_is_bracketed_near_it_and_still_found_when_wrong(guess, most_points):
+    latency = latency_curve(10.0)  # capacity 5 at 2x
+    seen: list[float] = []
+    c = find_capacity(_counted(latency, 2.0, seen), guess / 1.1, factor=1.21, resolution=0.02, widen=True,
+                      min_rate=1e-3)
+    assert c.rate <= 5.0 < c.bracket[1] and c.resolution <= 0.02
+    assert len(seen) <= most_points
+    cold: list[float] = []
+    find_capacity(_counted(latency, 2.0, cold), 0.05, resolution=0.02)
+    if abs(math.log(guess / 5.0)) < 0.1:
+        assert len(seen) < len(cold) - 2  # a good guess saves the bracketing
 
 
 def test_resolution_and_floor_are_checked():

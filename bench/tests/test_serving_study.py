@@ -159,6 +159,23 @@ def test_replicates_are_added_until_the_target_or_the_cap(tmp_path, monkeypatch)
     assert "[0," not in text and "| none |" not in text
 
 
+def test_later_replicates_start_near_the_earlier_ones_capacity(tmp_path, monkeypatch):
+    doc, _ = _precise(tmp_path, monkeypatch, target_half_width=1e-4, max_seeds=5)
+    first = [len(s["points"]) for s in doc["searches"] if s["seed"] < 2]
+    later = [len(s["points"]) for s in doc["searches"] if s["seed"] >= 2]
+    # the first round brackets from the low-load rate by x4; later ones from their guess by x1.21
+    assert sum(later) / len(later) < sum(first) / len(first) - 2
+
+
+def test_replicate_guesses_are_geometric_means_of_the_capacities_found():
+    def rec(seed, caps):
+        return {"setting": "s", "dataset": "d", "policy": "mixed", "cost_scale": [], "allocator": "paged bs=16",
+                "seed": seed, "capacity": caps}
+    guesses = serving_study.replicate_guesses([rec(0, {"2.0": 1.0, "slo:x": None}), rec(1, {"2.0": 4.0,
+                                                                                      "slo:x": 3.0})])
+    assert guesses == {("s", "d", "mixed", "[]", "paged bs=16"): {"2.0": pytest.approx(2.0), "slo:x": pytest.approx(3.0)}}
+
+
 def test_a_reachable_target_stops_the_replicates_short_of_the_cap(tmp_path, monkeypatch):
     doc, _ = _precise(tmp_path, monkeypatch, target_half_width=0.9, max_seeds=8)
     (group,) = doc["precision"].values()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from pagedbench.bench.common import records, sweep_runner
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.sim.capacity_search import relative_half_width
 from pagedbench.bench.sim.points import SIM_VERSION, Method, Point, cost_model, run_point
-from pagedbench.bench.sim.serving_search import criteria, low_load_rate, search
+from pagedbench.bench.sim.serving_search import criteria, low_load_rate, replicate_key, search
 from pagedbench.bench.sim.settings import Dataset, Setting
 from pagedbench.bench.studies.serving import precision as serving_precision
 from pagedbench.bench.studies.serving.config import CONFIG, StudyConfig, load_config
@@ -131,6 +132,17 @@ def more_replicates(cfg: StudyConfig, lows: list[Point], bases: list[Point], res
     return new_lows, new_bases, record
 
 
+def replicate_guesses(results: list[dict]) -> dict[tuple, dict[str, float]]:
+    """Per KV manager of a group and criterion, the geometric mean of the capacities its replicates
+    found so far: where a new replicate's search starts (a guess only: it still brackets and bisects)."""
+    found: dict[tuple, dict[str, list[float]]] = {}
+    for r in results:
+        for c, cap in r["capacity"].items():
+            if cap:
+                found.setdefault(replicate_key(r), {}).setdefault(c, []).append(cap)
+    return {k: {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in by_c.items()} for k, by_c in found.items()}
+
+
 def _low_key(p: Point) -> tuple:
     return p.setting.name, p.dataset.name, p.policy, p.seed, p.cost_scale
 
@@ -150,8 +162,9 @@ def run_study(cfg: StudyConfig, *, progress: bool = True, address: str | None = 
     round_no = 0
     while lows:  # round 0: every base at the config's seeds; later rounds: more replicates where wanted
         low_rows.update(zip(map(_low_key, lows), sweep_runner.map_points(run_point, lows, **run)))
+        guesses = replicate_guesses(results)
         jobs = [(b, low_rows[_low_key(b)]["normalized_latency_s"], names, cfg.bisection_steps,
-                 cfg.capacity_resolution) for b in bases]
+                 cfg.capacity_resolution, guesses.get(replicate_key(b))) for b in bases]
         for i, res in enumerate(sweep_runner.imap_points(_search_job, jobs, **run), 1):
             results.append(res)
             if progress:
