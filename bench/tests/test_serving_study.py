@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -153,6 +155,8 @@ def test_replicates_are_added_until_the_target_or_the_cap(tmp_path, monkeypatch)
     (group,) = doc["precision"].values()
     assert group["num_replicates"] == 5 and not group["within_target"] and group["capped"]
     assert "the replicate cap (5) was reached" in group["cap_reason"] and "the replicate cap (5)" in text
+    need = int(re.search(r"would need about (\d+) replicates", group["cap_reason"]).group(1))
+    assert need == math.ceil(5 * (group["widest_half_width"] / 1e-4) ** 2)
     assert sorted({s["seed"] for s in doc["searches"]}) == [0, 1, 2, 3, 4]
     for s in doc["searches"]:  # every search resolved to 2%
         assert all(r is None or r <= 0.02 for r in s["capacity_resolution"].values())
@@ -173,7 +177,8 @@ def test_replicate_guesses_are_geometric_means_of_the_capacities_found():
                 "seed": seed, "capacity": caps}
     guesses = serving_study.replicate_guesses([rec(0, {"2.0": 1.0, "slo:x": None}), rec(1, {"2.0": 4.0,
                                                                                       "slo:x": 3.0})])
-    assert guesses == {("s", "d", "mixed", "[]", "paged bs=16"): {"2.0": pytest.approx(2.0), "slo:x": pytest.approx(3.0)}}
+    want = {"2.0": pytest.approx(2.0), "slo:x": pytest.approx(3.0)}
+    assert guesses == {("s", "d", "mixed", "[]", "paged bs=16"): want}
 
 
 def test_a_reachable_target_stops_the_replicates_short_of_the_cap(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from pagedbench.bench.sim.capacity_search import (
     relative_half_width,
 )
 
-__all__ = ["group_key", "groups", "headlines", "replicates_wanted"]
+__all__ = ["group_key", "groups", "headlines", "replicates_needed", "replicates_wanted", "widest"]
 
 
 def group_key(search: dict) -> tuple:
@@ -91,3 +91,19 @@ def replicates_wanted(estimates: dict[str, Estimate], num_replicates: int, targe
         return num_replicates
     predicted = num_replicates * (widest / target) ** 2 if math.isfinite(widest) else 2 * num_replicates
     return int(min(cap, 2 * num_replicates, max(num_replicates + 1, math.ceil(predicted))))
+
+
+def widest(estimates: dict[str, Estimate]) -> tuple[str, float] | None:
+    """The headline with the widest interval and its half-width, or None for no estimate."""
+    if not estimates:
+        return None
+    label = max(estimates, key=lambda k: relative_half_width(estimates[k]))
+    return label, relative_half_width(estimates[label])
+
+
+def replicates_needed(half_width: float, num_replicates: int, target: float) -> int | None:
+    """About how many replicates would bring an interval of ``half_width`` at ``num_replicates`` within
+    +-``target`` (a half-width shrinks as 1/sqrt(n)); None where the width says nothing (one replicate)."""
+    if num_replicates < 2 or not math.isfinite(half_width):
+        return None
+    return max(num_replicates, math.ceil(num_replicates * (half_width / target) ** 2))

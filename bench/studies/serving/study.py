@@ -117,7 +117,7 @@ def more_replicates(cfg: StudyConfig, lows: list[Point], bases: list[Point], res
             "num_replicates": len(seeds), "widest_half_width": widest, "within_target": within,
             "capped": not within and not want > len(seeds),
             "cap_reason": "" if within or want > len(seeds) else (
-                f"the replicate cap ({cap}) was reached" if adaptive else
+                _cap_reason(cap, estimates, len(seeds), cfg.target_half_width) if adaptive else
                 "a sensitivity run: one seed by design" if key[3] != "[]" else
                 "replicates are added only for precision_settings in this run (make bench-full adds them for all)"),
             "no_estimate": reasons}
@@ -130,6 +130,17 @@ def more_replicates(cfg: StudyConfig, lows: list[Point], bases: list[Point], res
                 new_lows.append(dataclasses.replace(template_lows[0], seed=seed))
                 new_bases += [dataclasses.replace(b, seed=seed) for b in template_bases]
     return new_lows, new_bases, record
+
+
+def _cap_reason(cap: int, estimates: dict, num_replicates: int, target: float) -> str:
+    """Why a group stopped at the cap, with what its widest headline would need at this span."""
+    found = serving_precision.widest(estimates)
+    need = found and serving_precision.replicates_needed(found[1], num_replicates, target)
+    if not need:
+        return f"the replicate cap ({cap}) was reached"
+    return (f"the replicate cap ({cap}) was reached; its widest headline ({found[0]}, +-{found[1]:.0%}) would "
+            f"need about {need} replicates at this span (a half-width shrinks as 1/sqrt(replicates); the longer "
+            f"spans of make bench-full narrow each replicate's spread)")
 
 
 def replicate_guesses(results: list[dict]) -> dict[tuple, dict[str, float]]:
