@@ -74,6 +74,7 @@ class StreamUpdate:
     time_s: float  # time.perf_counter() when the step producing them ended
     finished: bool  # every completion has ended: the last update of the stream
     error: str | None = None  # why the request was aborted by the engine (a failed step), else None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served at the request's first admission
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +310,8 @@ class AsyncLLM:
                 t.sent[i] = -1 if s.finish_reason is not None else n
         if not deltas:
             return None
-        return StreamUpdate(t.req.request_id, tuple(deltas), now, t.req.finished, t.req.error)
+        cached = t.req.children[0].num_cached_tokens if t.req.children else None
+        return StreamUpdate(t.req.request_id, tuple(deltas), now, t.req.finished, t.req.error, cached or 0)
 
     @staticmethod
     def _final(t: _Tracked, error: str | None) -> tuple[_Tracked, StreamUpdate]:

@@ -59,6 +59,7 @@ class ResponseBuilder:
         self.finish: list[str | None] = [None] * n
         self.token_times_s: list[float] = []  # one per update that brought tokens
         self.error: str | None = None
+        self.num_cached_tokens = 0  # the prompt's tokens the prefix cache served
         self._role_sent = [False] * n
         self._offsets = [(0, len(echo))] * n  # per completion: (tokens, characters) its text offset has passed
         self.observed = False  # its metrics were recorded
@@ -77,6 +78,7 @@ class ResponseBuilder:
         logprobs, finish)``."""
         if update.error is not None:
             self.error = update.error
+        self.num_cached_tokens = max(self.num_cached_tokens, update.num_cached_tokens)
         if any(d.token_ids for d in update.deltas):
             self.token_times_s.append(update.time_s)
         moved = []
@@ -139,7 +141,9 @@ class ResponseBuilder:
     def usage(self) -> dict:
         prompt = len(self.stream.prompt_token_ids)
         completion = sum(len(t) for t in self.token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        # vLLM's shape (its --enable-prompt-tokens-details): clients such as aiperf read the prefix cache's share
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
 
     def choices(self) -> list[dict]:
         out = []
@@ -189,10 +193,14 @@ class ResponseBuilder:
 
 
 def batch_usage(builders: list[ResponseBuilder]) -> dict:
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+             "prompt_tokens_details": {"cached_tokens": 0}}
     for b in builders:
         for k, v in b.usage().items():
-            usage[k] += v
+            if isinstance(v, dict):
+                usage[k]["cached_tokens"] += v["cached_tokens"]
+            else:
+                usage[k] += v
     return usage
 
 

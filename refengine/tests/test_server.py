@@ -101,7 +101,8 @@ def test_whole_and_streamed_completions_equal_the_offline_engine(client):
     body = whole.json()
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert [(c["token_ids"], c["finish_reason"]) for c in body["choices"]] == [(want, "length")]
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     with client.stream("POST", "/v1/completions",
                        json=completion(prompt, n, stream=True, stream_options={"include_usage": True})) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -111,6 +112,20 @@ def test_whole_and_streamed_completions_equal_the_offline_engine(client):
     assert [c["choices"][0]["token_ids"] for c in chunks] == [[t] for t in want]  # one event per token
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (n - 1) + ["length"]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == n
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(client):
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(40)]  # two whole 16-token blocks and 8 tokens more
+    llm = LLM(resolve_model("tiny"), **ENGINE)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    want = [llm.generate([prompt], params, use_tqdm=False)[0].num_cached_tokens for _ in range(2)]
+    assert want == [0, 32]
+    got = [client.post("/v1/completions", json=completion(prompt, 2)).json()["usage"] for _ in range(2)]
+    assert [u["prompt_tokens_details"]["cached_tokens"] for u in got] == want
+    with client.stream("POST", "/v1/completions",
+                       json=completion(prompt, 2, stream=True, stream_options={"include_usage": True})) as r:
+        usage = sse_events(r.iter_lines())[-2]["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
 
 
 def test_parallel_sampling_streams_each_choice(client):
