@@ -45,7 +45,7 @@ def test_fast_forward_is_step_by_step_on_the_tile_cost(dataset, rate):
 
     for fast in (False, True):
         r = simulate(trace, AllocatorSpec("paged", 16), cfg, step_time_s=step_time, account=False,
-                     make_manager=manager, fast_forward=fast, record_steps=True)
+                     make_manager=manager, fast_forward=fast)
         runs.append((r, managers[-1].metrics(), managers[-1].free_block_ids()))
     assert runs[1] == runs[0] and runs[0][0].num_finished == len(trace)
     if rate > 5:
