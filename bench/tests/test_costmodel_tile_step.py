@@ -153,3 +153,20 @@ def test_the_default_is_the_roofline_as_before_to_the_bit(model_name, gpu_name, 
         decode = int(rng.integers(0, 256))
         args = (decode + sum(q for q, _ in chunks), decode + len(chunks), int(rng.integers(0, 400_000)), chunks)
         assert default.time_from_totals_s(*args) == _old_time_from_totals_s(default, *args)
+
+
+def test_the_fit_error_reports_the_step_costs_linear_part():
+    from pagedbench.bench.costmodel.fit_error import old_fit_s, step_linear_rows, tile_fit_s
+
+    curves = [c for c in load_curves() if (c.gpu, c.model) in {("a100-80gb", "llama-2-7b"), ("h100-sxm", "phi-2")}]
+    rows = step_linear_rows(curves)
+    for curve, row in zip(curves, rows):
+        assert (row["gpu"], row["model"]) == (curve.gpu, curve.model)
+        # tile: the simulator's step is layers x the fit's layer, so its error is the in-sample fit's
+        tile = tile_fit_s(gpu_tile_fit(curve.gpu), curve) / curve.layer_s - 1
+        assert row["tile"]["max_abs_error"] == pytest.approx(np.abs(tile).max(), rel=1e-9)
+        assert row["tile"]["num_points"] == len(curve.num_tokens)
+        # roofline: the old fit's layer, plus the lm_head's weights its memory term streams (so never below)
+        old = old_fit_s(curve) / curve.layer_s - 1
+        assert old.mean() <= row["roofline"]["mean_error"] < old.mean() + 0.01
+        assert row["tile"]["max_abs_error"] < row["roofline"]["max_abs_error"]
