@@ -20,7 +20,10 @@ and the held-out GPU: A100's tile fit (and the old fit) on H100, through H100's 
 tensor-parallel check: one GPU's share of a layer at TP 2, 4 and 8 (Vidur's ten token counts,
 ``bench/data/vidur/mlp_tp_shards.csv``) against the per-GPU roofline the step cost uses at that
 ``tensor_parallel_size`` (:mod:`pagedbench.bench.costmodel.rank_shard`, the old fit's coefficients) and
-the tile fit on the per-GPU GEMM shapes.
+the tile fit on the per-GPU GEMM shapes; and the whole step's linear part as the simulator prices it,
+``StepCostModel.from_profiles(..., linear="roofline" | "tile")``'s time of a step of ``T`` tokens that
+samples none and attends to nothing, less its step overhead, against ``layers`` x the measured layer (the
+roofline's weight term streams the lm_head's weights too, which Vidur's layer profile does not hold).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 from pagedbench.bench.costmodel.hardware import load_hardware
 from pagedbench.bench.costmodel.models import load_model
 from pagedbench.bench.costmodel.rank_shard import rank_shard
+from pagedbench.bench.costmodel.step_cost import LINEAR_MODELS, StepCostModel
 from pagedbench.bench.costmodel.tile_fit import GpuTileFit, fit_gpu
 from pagedbench.bench.costmodel.vidur_curves import (
     ALL_TOKENS_CSV,
@@ -115,6 +119,22 @@ def tensor_parallel_rows(fits: dict[str, GpuTileFit], path: Path = TP_SHARDS_CSV
     return rows
 
 
+def step_linear_rows(curves: Sequence[LayerCurve]) -> list[dict]:
+    """Per (GPU, model): the step cost's linear part at each ``linear`` model vs layers x the measured layer."""
+    rows = []
+    for curve in curves:
+        model, gpu = load_model(curve.model), load_hardware(curve.gpu)
+        measured = model.num_hidden_layers * curve.layer_s
+        row = {"gpu": curve.gpu, "model": curve.model}
+        for linear in LINEAR_MODELS:
+            cost = StepCostModel.from_profiles(model, gpu, linear=linear)
+            step_s = np.array([cost.time_from_totals_s(int(t), 0, 0) for t in curve.num_tokens])
+            predicted = step_s - gpu.step_overhead_s
+            row[linear] = error_stats(predicted, measured, curve.num_tokens)
+        rows.append(row)
+    return rows
+
+
 def tile_fit_s(fit: GpuTileFit, curve: LayerCurve, gpu_name: str | None = None) -> np.ndarray:
     return fit.layer_time_s(load_model(curve.model), load_hardware(gpu_name or curve.gpu), curve.num_tokens)
 
@@ -179,6 +199,7 @@ def fit_error(csv_path: Path = ALL_TOKENS_CSV) -> dict:
         "rows": rows,
         "held_out_gpu": {"fitted_on": fitted_on, "checked_on": checked_on, "rows": held_out},
         "tensor_parallel": tensor_parallel_rows(fits),
+        "step_linear": step_linear_rows(curves),
     }
 
 
@@ -230,6 +251,14 @@ def markdown(record: dict) -> str:
         *tabulate([[r["gpu"], r["model"], r["tensor_parallel_size"], _cell(r["step_cost_roofline"]),
                     _cell(r["tile_fit"])] for r in record.get("tensor_parallel", [])],
                   headers=["gpu", "model", "tp", "step-cost roofline", "tile fit"], tablefmt="github").splitlines(), "",
+        "## The step cost's linear part, as the simulator prices a step (every profiled token count)", "",
+        "StepCostModel.from_profiles(..., linear=...): a step of T tokens sampling none, less the step overhead, "
+        "against layers x the measured layer; the roofline's weight term also streams the lm_head's weights.", "",
+        *tabulate([[r["gpu"], r["model"], r["roofline"]["num_points"],
+                    *(_cell(r[k]) + (" ✓" if meets_goal(r[k]) else "") for k in LINEAR_MODELS)]
+                   for r in record.get("step_linear", [])],
+                  headers=["gpu", "model", "points", *(f'linear="{k}"' for k in LINEAR_MODELS)],
+                  tablefmt="github").splitlines(), "",
         "## Tile fit coefficients (per GPU, fitted on every token count of every profiled model)", "",
         *_fit_table(record), "",
         "## Assumptions", "", *(f"- {a}" for a in record["assumptions"]), "",

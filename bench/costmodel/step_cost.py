@@ -17,6 +17,11 @@ by :func:`pagedbench.bench.costmodel.calibration.fit_profile`), so :meth:`StepCo
 arithmetic operations per step plus one per prefill chunk: a serving simulator can call it millions of
 times. An empty step costs nothing.
 
+Linear layers (``from_profiles(..., linear=...)``): ``"roofline"`` (the default) is the ``max(...)`` above;
+``"tile"`` replaces it, and the per-layer overhead, by the tile fit of the GPU's GEMMs on every token
+count Vidur profiled, which follows the time's steps at each multiple of the GEMMs' row tile
+(:mod:`pagedbench.bench.costmodel.tile_step_cost`: a table look-up per step).
+
 Tensor parallelism (``from_profiles(..., tensor_parallel_size=N)``): the coefficients become one GPU's
 share (:mod:`pagedbench.bench.costmodel.rank_shard`) and :class:`TensorParallelStepCost` adds
 ``+ 2 x layers x all_reduce(T x hidden x dtype bytes)`` from measured all-reduce times.
@@ -31,6 +36,8 @@ from pagedbench.bench.costmodel.hardware import HardwareProfile
 from pagedbench.bench.costmodel.models import ModelProfile
 from pagedbench.bench.costmodel.rank_shard import rank_shard
 
+#: how ``from_profiles`` may price the linear layers (module docstring)
+LINEAR_MODELS = ("roofline", "tile")
 #: Megatron-style tensor parallelism sums partial outputs twice a layer: after o_proj and after the MLP's down
 ALL_REDUCES_PER_LAYER = 2
 
@@ -88,7 +95,8 @@ class StepCostModel:
 
     @classmethod
     def from_profiles(cls, model: ModelProfile, hardware: HardwareProfile,
-                      kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> StepCostModel:
+                      kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1, *,
+                      linear: str = "roofline") -> StepCostModel:
         """The roofline of ``model`` on ``hardware`` at its achievable fractions; attention streams KV
         stored as ``kv_cache_dtype`` (``ModelProfile.kv_bytes_per_token_as``).
 
@@ -97,7 +105,13 @@ class StepCostModel:
         returned :class:`TensorParallelStepCost` adds two all-reduces per layer priced from the measured
         table of the hardware's ``all_reduce_network`` (:mod:`pagedbench.bench.costmodel.all_reduce`).
         ValueError if the heads, KV heads or MLP do not split over N, or no all-reduce was measured for
-        that GPU at N GPUs."""
+        that GPU at N GPUs.
+
+        ``linear``: one of :data:`LINEAR_MODELS`; ``"tile"`` returns the same model with its linear
+        layers on the GPU's tile fit (:func:`pagedbench.bench.costmodel.tile_step_cost.with_tile_linear`:
+        a :class:`TileStepCost` or :class:`TensorParallelTileStepCost`, whose label names the fit)."""
+        if linear not in LINEAR_MODELS:
+            raise ValueError(f"linear={linear!r}: expected one of {', '.join(map(repr, LINEAR_MODELS))}")
         shard = rank_shard(model, tensor_parallel_size, kv_cache_dtype)
         tp = shard.tensor_parallel_size
         bw = hardware.achievable_bandwidth_bytes_per_s
@@ -119,14 +133,25 @@ class StepCostModel:
             prefill_attn_s_per_pair=attn_flops_per_pair / flops,
         )
         if tp == 1:
-            return StepCostModel(**coefficients)
+            cost = StepCostModel(**coefficients)
+        else:
+            cost = cls._tensor_parallel(coefficients, hardware, tp, layers, model.hidden_size * dtype)
+        if linear == "tile":  # imported here: that module builds on this one's classes
+            from pagedbench.bench.costmodel.tile_step_cost import with_tile_linear
+
+            return with_tile_linear(cost, model, hardware)
+        return cost
+
+    @staticmethod
+    def _tensor_parallel(coefficients: dict, hardware: HardwareProfile, tp: int, layers: int,
+                         bytes_per_token: int) -> TensorParallelStepCost:
         try:
             table = load_all_reduce(hardware.all_reduce_network, tp)
         except AllReduceDataError as e:
             raise AllReduceDataError(f"{hardware.name} at tensor_parallel_size={tp}: {e}") from None
         return TensorParallelStepCost(
             **coefficients, tensor_parallel_size=tp, num_all_reduces=ALL_REDUCES_PER_LAYER * layers,
-            all_reduce_bytes_per_token=model.hidden_size * dtype, all_reduce_sizes_bytes=table.sizes_bytes,
+            all_reduce_bytes_per_token=bytes_per_token, all_reduce_sizes_bytes=table.sizes_bytes,
             all_reduce_times_s=table.times_s)
 
     def step_time_s(self, batch: StepBatch) -> float:

@@ -71,6 +71,8 @@ class Point:
         point = dataclasses.asdict(self)
         if self.group is None:  # the key of a one-sample point is what it was before groups existed
             del point["group"]
+        if self.setting.linear_model == "roofline":  # and of a roofline point, before the tile model
+            del point["setting"]["linear_model"]
         parts = [SIM_VERSION, point, dataclasses.asdict(cost)]
         if self.dataset.trace:  # a trace's point follows the file's content, not its name
             parts.append(trace_spans.sha256(self.dataset.trace))
@@ -79,12 +81,14 @@ class Point:
 
 
 def cost_model(setting: Setting, scale: tuple[tuple[str, float], ...] = ()) -> StepCostModel:
-    """The roofline of the setting's model on its GPU, with each ``(term, factor)`` of ``scale`` applied:
+    """The step cost of the setting's model on its GPU (its linear layers as ``setting.linear_model`` says:
+    the roofline or the tile fit), with each ``(term, factor)`` of ``scale`` applied:
     ``step_overhead`` scales the per-step overhead (not the per-layer one), ``attention`` every
     attention coefficient (decode and prefill)."""
     hardware = load_hardware(setting.hardware)
     cost = StepCostModel.from_profiles(load_model(setting.model), hardware,
-                                       tensor_parallel_size=setting.tensor_parallel_size)
+                                       tensor_parallel_size=setting.tensor_parallel_size,
+                                       linear=setting.linear_model)
     for term, f in scale:
         if term == "step_overhead":
             cost = dataclasses.replace(cost, fixed_s=cost.fixed_s + (f - 1) * hardware.step_overhead_s)

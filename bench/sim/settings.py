@@ -2,11 +2,18 @@
 :class:`Dataset` (a synthetic length distribution or a request trace, and how it is served). The serving
 study's config file lists them (:mod:`pagedbench.bench.studies.serving.config` reads and checks it); the
 simulator's points, the Fig. 14 study and ``serve-sim`` build them directly.
+
+A setting's ``linear_model`` (``roofline``, the default, or ``tile``) picks how its step cost prices the
+linear layers (:meth:`pagedbench.bench.costmodel.step_cost.StepCostModel.from_profiles`' ``linear``); in
+the serving config it is one more key of a setting (``linear_model: tile``); any other value is refused
+when the setting is made, naming the choices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pagedbench.bench.costmodel.step_cost import LINEAR_MODELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +27,15 @@ class Setting:
     # GPUs the model is sharded over (Megatron-style): the cost model's per-GPU work and all-reduces, the KV
     # slots of one GPU's share (every GPU holds its heads' K/V for every token), the price of all of them
     tensor_parallel_size: int = 1
+    # how the cost model prices the linear layers (StepCostModel.from_profiles' ``linear``): "roofline",
+    # one max(memory, compute) in the step's token count, or "tile", the GPU's tile fit on Vidur's
+    # profiles, which follows the GEMMs' steps at each multiple of their row tile
+    linear_model: str = "roofline"
+
+    def __post_init__(self) -> None:
+        if self.linear_model not in LINEAR_MODELS:
+            raise ValueError(f"setting {self.name!r}: linear_model={self.linear_model!r}; expected one of "
+                             f"{', '.join(map(repr, LINEAR_MODELS))}")
 
 
 @dataclass(frozen=True, slots=True)
