@@ -21,7 +21,7 @@ from pagedbench.bench.sim.settings import Dataset, Setting
 from pagedbench.bench.workloads import trace_formats
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serving.yaml"
-_KEYS = {"settings", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",
+_KEYS = {"settings", "linear_model", "datasets", "allocators", "policies", "policy_comparison_settings", "max_num_seqs",
          "max_num_batched_tokens", "watermark", "gpu_memory_utilization", "thresholds", "low_load_requests",
          "bisection_steps", "seeds", "memory_points", "workers", "span_s", "warmup_frac", "cooldown_frac",
          "overload_z", "slos", "sensitivity", "full", "capacity_resolution", "min_window_arrivals",
@@ -185,7 +185,9 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
     try:
         sens = doc.get("sensitivity")
         cfg = StudyConfig(
-            settings=tuple(Setting(**s) for s in doc["settings"]),
+            # a study-wide linear_model is every setting's unless the setting names its own
+            settings=tuple(Setting(**{"linear_model": doc.get("linear_model", "roofline"), **s})
+                           for s in doc["settings"]),
             datasets=tuple(Dataset(**{**d, **{k: tuple(d[k]) for k in ("settings", "kinds", "policies")
                                                 if d.get(k)}}) for d in doc["datasets"]),
             allocators=tuple(AllocatorSpec(**a) for a in doc["allocators"]),
@@ -213,7 +215,7 @@ def load_config(path: str | Path = CONFIG, *, full: bool = False) -> StudyConfig
                                 else None))
     except KeyError as e:
         raise ServingConfigError(f"{path}: missing key {e.args[0]!r}") from None
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ServingConfigError(f"{path}: {e}") from None
     _check(path, cfg)
     return cfg

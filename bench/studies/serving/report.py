@@ -32,7 +32,7 @@ PAPER_BATCH = {("sharegpt", "Orca (Max)"): 7.00, ("sharegpt", "Orca (Pow2)"): 9.
 PAPER_RANGES = {"Orca (Oracle)": (1.7, 2.7), "Orca (Max)": (2.7, 8.0)}
 
 DIFFERENCES = """\
-Why our ratios may differ from the paper's: (1) step times come from a roofline fitted on other GPUs'
+Why our ratios may differ from the paper's: (1) step times come from a cost model fitted on other models'
 profiles, not from OPT-13B measured on an A100-40GB; the sensitivity table shows how far the ratios move
 with the two least certain terms; (2) the paper's ranges span several rates' latency curves read by eye,
 ours are capacities at fixed thresholds; (3) the lengths are synthetic log-normals with the paper's means,
@@ -41,12 +41,29 @@ it must reserve for); (4) the paper's system ran prompts in their own steps ("se
 mixes chunked prefill into decode steps ("mixed", our default): the paper's comparison is the separate
 rows; (5) our spans are shorter than its one-hour traces in the quick run (`--full` runs an hour)."""
 
+#: how a setting's linear layers are priced, by its ``linear_model`` (bench/sim/settings.py)
+LINEAR_WORDS = {
+    "roofline": "a roofline of the model on the GPU (weights and activations over achievable HBM bandwidth "
+                "against FLOPs over achievable peak, plus a per-layer overhead), its fractions fitted on "
+                "Vidur's A100 linear-layer profiles (Llama-2-7B/70B)",
+    "tile": "the tile-step fit (`bench/costmodel/tile_fit.py`): each of a layer's four GEMMs priced on its "
+            "tile-padded token count, fitted per GPU on every token count of Vidur's A100 and H100 profiles "
+            "(a GPU Vidur did not profile takes the nearest profiled GPU's fit on its own datasheet roofs; "
+            "each setting's label in the record names it); its error on every profiled count is in "
+            "[costmodel_fit.md](costmodel_fit.md)",
+}
+
+
+def cost_assumption(doc: dict) -> str:
+    """The assumptions' first line: how this run priced its steps' linear layers."""
+    used = sorted({s.get("linear_model", "roofline") for s in doc["config"]["settings"]})
+    how = "; ".join(f"{m} ({LINEAR_WORDS[m]})" if len(used) > 1 else LINEAR_WORDS[m] for m in used)
+    return (f"- The linear layers' time per step comes from {how}. Attention rests on datasheet roofs at "
+            "the roofline's fractions (no attention profile was available); the per-step overhead (2 ms) is an "
+            "assumption: the sensitivity table moves both.\n")
+
+
 ASSUMPTIONS = """\
-- Step times come from a roofline of the model on the GPU (weights and KV bytes over achievable HBM
-  bandwidth against FLOPs over achievable peak, plus fixed per-layer and per-step overheads). The
-  achievable fractions and per-layer overhead were fitted on Vidur's A100 linear-layer profiles
-  (Llama-2-7B/70B); attention rests on datasheet roofs at those fractions (no attention profile was
-  available); the per-step overhead (2 ms) is an assumption: the sensitivity table moves both.
 - KV slots derive from GPU memory: `gpu_memory_utilization` x memory - weights - an activation estimate,
   over the KV bytes per token (derivation below).
 - Traces are synthetic, log-normal lengths with the paper's means (ShareGPT- and Alpaca-like), Poisson
@@ -467,7 +484,7 @@ a move within that resolution is none.
 
 ## Assumptions
 
-{ASSUMPTIONS}
+{cost_assumption(doc)}{ASSUMPTIONS}
 
 ## KV slots
 
