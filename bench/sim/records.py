@@ -150,3 +150,5 @@ class SimResult:
     num_swapped_out_blocks: int = 0  # blocks copied to the host pool
     num_swapped_in_blocks: int = 0  # blocks copied back
     copies: tuple[CopyRecord, ...] = ()  # the steps that copied blocks to or from the host, in order
+    # (trace request id, prompt tokens its first admission found in the prefix cache) of every request admitted
+    cached_tokens: tuple[tuple[int, int], ...] = ()

@@ -336,7 +336,9 @@ class SimRun:
                          self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
                          self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat),
                          timings, overload, self.peak_used * self.bs, self.copy_s,
-                         self.sched.num_swapped_out_blocks, self.sched.num_swapped_in_blocks, tuple(self.copies))
+                         self.sched.num_swapped_out_blocks, self.sched.num_swapped_in_blocks, tuple(self.copies),
+                         tuple((r.request_id, c) for r, req in self.requests
+                               if (c := req.children[0].num_cached_tokens) is not None))
 
 
 def _arrival_order(r: Request) -> tuple[float, int]:

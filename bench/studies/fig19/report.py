@@ -17,9 +17,10 @@ def _ms(x: float | None) -> str:
 
 def _cost_table(doc: dict) -> str:
     cfg = doc["config"]
-    rows = [[r["block_size"], f"{r['bytes_per_block'] / 2**20:.3g}", _ms(r["swap_block_s"]), _ms(r["recompute_block_s"]),
-             f"{r['swap_block_s'] / r['recompute_block_s']:.2f}", _ms(r["sequence_swap_out_in_s"]),
-             _ms(r["sequence_swap_batched_s"]), _ms(r["sequence_recompute_s"])] for r in doc["cost_model"]]
+    rows = [[r["block_size"], f"{r['bytes_per_block'] / 2**20:.3g}", _ms(r["swap_block_s"]),
+             _ms(r["recompute_block_s"]), f"{r['swap_block_s'] / r['recompute_block_s']:.2f}",
+             _ms(r["sequence_swap_out_in_s"]), _ms(r["sequence_swap_batched_s"]),
+             _ms(r["sequence_recompute_s"])] for r in doc["cost_model"]]
     head = ["block size", "MiB / block", "swap 1 block (ms)", "recompute its tokens (ms)", "swap / recompute",
             f"swap out+in {cfg['sequence_tokens']} tok (ms)", "same, batched per layer (ms)",
             f"recompute {cfg['sequence_tokens']} tok (ms)"]

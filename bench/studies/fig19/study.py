@@ -140,8 +140,9 @@ def _sim_point(cfg: Fig19Config, bs: int, rate: float, seed: int, mode: str) -> 
     copy = BlockCopyCost.of(model, hw, bs)
     step.block_copy_s = copy
     trace = workloads.synthetic("sharegpt", max(2, math.ceil(rate * cfg.span_s)), rate=rate, seed=seed)
-    sim_cfg = SimConfig(kv_slots=slots, preemption_mode=mode, swap_blocks=int(cfg.swap_space_gib * GIB) // copy.bytes_per_block,
-                        policy=cfg.policy, max_num_batched_tokens=cfg.max_num_batched_tokens)
+    swap_blocks = int(cfg.swap_space_gib * GIB) // copy.bytes_per_block
+    sim_cfg = SimConfig(kv_slots=slots, preemption_mode=mode, swap_blocks=swap_blocks, policy=cfg.policy,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens)
     start = time.perf_counter()
     r = simulate(trace, AllocatorSpec("paged", bs), sim_cfg, step_time_s=step, account=False)
     return {"block_size": bs, "rate": rate, "seed": seed, "mode": mode, "num_requests": len(trace),
