@@ -33,7 +33,9 @@ def kv_use_table(doc: dict) -> str:
         point = next((p for p in s["points"] if p["rate"] == cap), None) if s["seed"] == first else None
         if point is not None:
             use = point["peak_used_slots"] / point["total_slots"]
-            rows.append([s["dataset"], s["contender"], _rate(cap), f"{use:.0%}", point["num_preemptions"], f"{point.get('mean_ttft_ms', float('nan')):.4g}"])
+            ttft = point.get("mean_ttft_ms", float("nan"))
+            rows.append([s["dataset"], s["contender"], _rate(cap), f"{use:.0%}", point["num_preemptions"],
+                         f"{ttft:.4g}"])
     return tabulate(rows, ["workload", "contender", "capacity (req/s)", "peak KV slots in use", "preemptions",
                            "mean TTFT (ms)"], tablefmt="github")
 
