@@ -76,6 +76,8 @@ class Point:
         parts = [SIM_VERSION, point, dataclasses.asdict(cost)]
         if self.dataset.trace:  # a trace's point follows the file's content, not its name
             parts.append(trace_spans.sha256(self.dataset.trace))
+        if self.dataset.workload:  # and a named workload's, the code that generates it
+            parts.append(sessions.source_sha256())
         blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

@@ -27,6 +27,8 @@ between rounds, so its rounds arrive as independent Poisson requests).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -270,6 +272,12 @@ WORKLOADS: dict[str, SpanWorkload] = {
                                  "chatbot rounds (ShareGPT-like, 4 rounds a session), history cut to the last "
                                  "1024 tokens, answers up to 1024"),
 }
+
+
+@functools.cache
+def source_sha256() -> str:
+    """This module's source hash: a cached serving point of a named workload follows the code that makes it."""
+    return hashlib.sha256(open(__file__, "rb").read()).hexdigest()
 
 
 def workload(name: str) -> SpanWorkload:
