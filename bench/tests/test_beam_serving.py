@@ -59,8 +59,9 @@ def test_a_one_sample_point_keeps_its_cache_key():
                              "separate", 1.0, 0, 512, 1000, False, beam_serving._method(MICRO))
     cost = cost_model(MICRO.setting)
     fields = {f.name: getattr(low, f.name) for f in dataclasses.fields(low) if f.name != "group"}
-    old = json.dumps([SIM_VERSION, json.loads(json.dumps(fields, default=_asdict)), dataclasses.asdict(cost)],
-                     sort_keys=True)
+    fields = json.loads(json.dumps(fields, default=_asdict))
+    del fields["dataset"]["workload"]  # (a field added later: a dataset without one keeps its old key)
+    old = json.dumps([SIM_VERSION, fields, dataclasses.asdict(cost)], sort_keys=True)
     assert low.key(cost) == hashlib.sha256(old.encode()).hexdigest()[:24]
     group = beam_serving.GroupSpec("parallel", 2)
     assert dataclasses.replace(low, group=group).key(cost) != low.key(cost)
