@@ -217,9 +217,16 @@ class SpanWorkload:
     name: str
     span: Callable[[float, float, int, int], tuple[Request, ...]]
     prompt_tokens: Callable[[Request], list[int]]
-    mean_prompt: float  # the mean lengths, for a low-load rate
-    mean_output: float
+    lengths: Callable[[], tuple[float, float]]  # (mean prompt, mean output) tokens, for a low-load rate
     note: str
+
+    @property
+    def mean_prompt(self) -> float:
+        return self.lengths()[0]
+
+    @property
+    def mean_output(self) -> float:
+        return self.lengths()[1]
 
 
 def _enough(rate: float, span_s: float) -> int:
@@ -257,6 +264,7 @@ def _unique_tokens(r: Request) -> list[int]:
     return list(range(base, base + r.prompt_len))
 
 
+@functools.cache  # (drawn when first asked for, not at import)
 def _chatbot_means() -> tuple[float, float]:
     t = chatbot(500, 4, seed=0)
     return (sum(r.prompt_len for r in t.requests) / len(t.requests),
@@ -265,10 +273,10 @@ def _chatbot_means() -> tuple[float, float]:
 
 WORKLOADS: dict[str, SpanWorkload] = {
     **{f"fewshot-{k}": SpanWorkload(f"fewshot-{k}", _few_shot_span(k), few_shot_tokens(n),
-                                    n + TRANSLATION_MEAN_SOURCE, TRANSLATION_MEAN_TARGET,
+                                    lambda n=n: (n + TRANSLATION_MEAN_SOURCE, TRANSLATION_MEAN_TARGET),
                                     f"{k}-shot translation: a {n}-token shared prefix + ~30 tokens of its own")
        for k, n in FEW_SHOT_PREFIX_LEN.items()},
-    "chatbot-1024": SpanWorkload("chatbot-1024", _chatbot_span, _unique_tokens, *_chatbot_means(),
+    "chatbot-1024": SpanWorkload("chatbot-1024", _chatbot_span, _unique_tokens, _chatbot_means,
                                  "chatbot rounds (ShareGPT-like, 4 rounds a session), history cut to the last "
                                  "1024 tokens, answers up to 1024"),
 }
