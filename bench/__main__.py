@@ -24,6 +24,8 @@ STUDY_MODULES = {
     "batch_invariance": "studies.batch_invariance.study", "load_speed": "studies.load_speed.study",
     "beam_study": "studies.beam.study", "beam_serving": "studies.beam.serving",
     "engine_vs_vllm": "studies.engine_vs_vllm", "costmodel.fit_error": "costmodel.fit_error",
+    "fig19": "studies.fig19.study", "shared_prefix": "studies.shared_prefix.study",
+    "chatbot": "studies.chatbot.study", "multi_turn": "studies.multi_turn.study",
 }
 STUDIES = tuple(STUDY_MODULES)
 COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu_check",

@@ -7,7 +7,8 @@ A serving simulator needs::
     cost.step_time_s(StepBatch.of(decode_context_lens=(310, 97), prefill_chunks=((512, 0),)))
 
 and :func:`kv_slot_budget` for the KV capacity. :func:`fit_profile` fits the same model to measured
-steps; :mod:`pagedbench.bench.costmodel.vidur_fit` fits the GPU derating to Vidur's profiles.
+steps; :mod:`pagedbench.bench.costmodel.vidur_fit` fits the GPU derating to Vidur's profiles;
+:mod:`pagedbench.bench.costmodel.host_link` prices KV block copies to and from host memory.
 """
 
 from pagedbench.bench.costmodel.calibration import StepSample, fit_profile

@@ -3,7 +3,9 @@
 The roofs (bandwidth, dense FLOP/s, memory) are datasheet figures; the achievable fractions and the
 overheads are measured (:mod:`pagedbench.bench.costmodel.vidur_fit` fits them on A100 linear-layer profiles);
 the price is a user-editable assumption used only for cost-per-token figures; ``all_reduce_network`` names
-the node type whose measured all-reduces price tensor parallelism (:mod:`pagedbench.bench.costmodel.all_reduce`).
+the node type whose measured all-reduces price tensor parallelism (:mod:`pagedbench.bench.costmodel.all_reduce`);
+the host link (bandwidth and per-transfer latency) prices copies to and from host memory
+(:mod:`pagedbench.bench.costmodel.host_link`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class HardwareProfile:
     # the node type whose measured all-reduces price tensor parallelism (a row set of
     # bench/data/vidur/all_reduce.csv); None: not measured, tensor_parallel_size > 1 is refused
     all_reduce_network: str | None = None
+    # the host link (bench.costmodel.host_link prices swaps and host-tier loads over it): its name,
+    # one direction's achievable bandwidth and the fixed cost of one transfer
+    host_link: str = "pcie_gen4_x16"
+    host_link_bandwidth_bytes_per_s: float = 25e9
+    host_link_latency_s: float = 5e-6
 
     @property
     def achievable_bandwidth_bytes_per_s(self) -> float:
@@ -64,6 +71,9 @@ _SPECS = {
     "step_overhead_s": non_negative(float),
     "price_per_gpu_hour_usd": non_negative(float),
     "all_reduce_network": one_of(*NETWORKS, "none"),
+    "host_link": one_of("pcie_gen4_x16", "pcie_gen5_x16"),
+    "host_link_bandwidth_bytes_per_s": positive(float),
+    "host_link_latency_s": non_negative(float),
 }
 
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from pagedbench.bench.sim.records import StepRecord
+from pagedbench.bench.sim.records import CopyRecord, StepRecord
 from pagedbench.refengine.engine.core import SimulatedExecutor, StepResult, StepShape
 
 
 class AccountingExecutor:
     """An executor wrapper that sees the KV memory of each step once it is planned, before it runs: its
-    peak use, and (``account``) its accounting (see the module docstring); it decides nothing."""
+    peak use, and (``account``) its accounting (see the module docstring); it decides nothing. A step
+    that swaps blocks lasts as much longer as ``run.block_copy_s(num_out, num_in)`` prices its copies
+    (they run before the model, as the engine's executor applies them)."""
 
     def __init__(self, inner: SimulatedExecutor, run, account: bool) -> None:
         self.inner, self.run, self.do_account = inner, run, account
@@ -36,10 +38,16 @@ class AccountingExecutor:
         used = run.bm.num_used_blocks
         if used > run.peak_used:
             run.peak_used = used
+        copy = 0.0
+        if out.swap_out or out.swap_in:  # the step waits for its copies
+            if run.block_copy_s is not None:
+                copy = run.block_copy_s(len(out.swap_out), len(out.swap_in))
+                run.copy_s += copy
+            run.copies.append(CopyRecord(run.clock.now(), len(out.swap_out), len(out.swap_in), copy))
         if self.do_account:
             account_step(run)
         result = self.inner.execute(out)
-        extra = 0.0
+        extra = copy
         if run.wake_left:  # one of the first steps after the engine waited idle
             extra += run.wake_left.pop()
         if run.after_prefill is not None:  # one of the first decode steps after a prefill

@@ -29,7 +29,7 @@ from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.sim.group_replay import GroupSpec
 from pagedbench.bench.sim.settings import Dataset, Setting
 from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
-from pagedbench.bench.workloads import trace_formats, trace_spans
+from pagedbench.bench.workloads import sessions, trace_formats, trace_spans
 
 CACHE_DIR = env_mod.REPO_ROOT / ".cache" / "serving"  # PAGEDBENCH_SERVING_CACHE overrides it
 SIM_VERSION = 2  # bump when the simulator's behaviour changes: cached points are then recomputed
@@ -73,9 +73,13 @@ class Point:
             del point["group"]
         if self.setting.linear_model == "roofline":  # and of a roofline point, before the tile model
             del point["setting"]["linear_model"]
+        if not self.dataset.workload:  # and of a dataset without a named workload, before those existed
+            del point["dataset"]["workload"]
         parts = [SIM_VERSION, point, dataclasses.asdict(cost)]
         if self.dataset.trace:  # a trace's point follows the file's content, not its name
             parts.append(trace_spans.sha256(self.dataset.trace))
+        if self.dataset.workload:  # and a named workload's, the code that generates it
+            parts.append(sessions.source_sha256())
         blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -123,7 +127,10 @@ def step_time_fn(cost: StepCostModel):
 
 def span_trace(d: Dataset, rate: float, span_s: float, seed: int, max_seq_len: int) -> tuple:
     """The Poisson arrivals of ``[0, span_s)`` at ``rate`` with the dataset's lengths; for a trace, its
-    requests replayed at mean ``rate`` (:func:`pagedbench.bench.workloads.trace_spans.span`)."""
+    requests replayed at mean ``rate`` (:func:`pagedbench.bench.workloads.trace_spans.span`); for a named
+    workload, its own arrivals (:mod:`pagedbench.bench.workloads.sessions`)."""
+    if d.workload:
+        return sessions.workload(d.workload).span(rate, span_s, seed, max_seq_len)
     if d.trace:
         return trace_spans.span(trace_spans.load(d.trace, max_seq_len, d.over_context).requests, rate, span_s, seed)
     n = max(1, math.ceil(rate * span_s + 6 * math.sqrt(rate * span_s) + 10))  # more than the span holds
@@ -139,7 +146,9 @@ def span_trace(d: Dataset, rate: float, span_s: float, seed: int, max_seq_len: i
 def _prompt_tokens(d: Dataset):
     """Prompt token ids: a trace's own (shared blocks where it names them: Mooncake's hash ids); else the
     shared prefix (token 1) then tokens unique to the request (its id + 2, so no two requests share a
-    block past the prefix)."""
+    block past the prefix); a named workload's own."""
+    if d.workload:
+        return sessions.workload(d.workload).prompt_tokens
     if d.trace:
         return trace_formats.prompt_token_ids
     shared = d.shared_prefix_len

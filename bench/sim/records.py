@@ -44,8 +44,16 @@ class SimConfig:
     cooldown_frac: float = 0.0  # the last share of the span is not measured (arrivals keep the load on)
     overload_z: float = 3.0  # the overload test's allowance, in standard deviations of the arrival count
     stop_on_overload: bool = False  # stop a run once it is overloaded (its latency is then not reported)
+    # "recompute" or "swap" (paged only: victims' blocks go to a host pool of swap_blocks blocks, and come
+    # back; the step-time function's block_copy_s prices the copies, see bench.costmodel.host_link)
+    preemption_mode: str = "recompute"
+    swap_blocks: int = 0
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if type(self.swap_blocks) is not int or self.swap_blocks < 0:
+            raise ValueError(f"swap_blocks must be an int >= 0, got {self.swap_blocks!r}")
         if self.span_s is not None and not self.span_s > 0:
             raise ValueError(f"span_s must be > 0 seconds (or None), got {self.span_s}")
         if not (self.warmup_frac >= 0 and self.cooldown_frac >= 0 and self.warmup_frac + self.cooldown_frac < 1):
@@ -82,6 +90,16 @@ class StepRecord:
     free: int
     num_running: int
     num_waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyRecord:
+    """One step's host copies (swap preemption): kept for every step that copies."""
+
+    time_s: float  # the step's start
+    num_swapped_out: int  # blocks copied device -> host
+    num_swapped_in: int  # blocks copied host -> device
+    copy_s: float  # the seconds they added to the step (0 without a block_copy_s price)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +146,9 @@ class SimResult:
     requests: tuple[RequestTiming, ...] = ()  # the measured requests (arrived in the window), trace order
     overload: Overload | None = None  # None when the window holds no time (every arrival at once)
     peak_used_slots: int = 0  # the most slots held at once (after a step's allocations)
+    copy_s: float = 0.0  # seconds of every step spent on host copies (swap preemption), summed
+    num_swapped_out_blocks: int = 0  # blocks copied to the host pool
+    num_swapped_in_blocks: int = 0  # blocks copied back
+    copies: tuple[CopyRecord, ...] = ()  # the steps that copied blocks to or from the host, in order
+    # (trace request id, prompt tokens its first admission found in the prefix cache) of every request admitted
+    cached_tokens: tuple[tuple[int, int], ...] = ()

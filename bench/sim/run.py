@@ -20,10 +20,22 @@ for a stable system), or at the window's end if the test fails there: an overloa
 the length of the run, not a property of the system, and is never used as a capacity.
 
 With ``drain=True`` the run goes on until every request is done, so that the latency covers every request.
+
+**Follow-ups.** A request with ``release_after`` (a conversation's next turn) arrives ``think_s`` after
+that request completes (:mod:`pagedbench.bench.sim.follow_ups`); its arrival depends on the run, so a
+trace holding follow-ups is measured whole (the window is every arrival, no overload test, no
+``span_s``).
+
+**Swap preemption** (``cfg.preemption_mode="swap"``, paged only): the scheduler swaps victims to a host
+pool of ``cfg.swap_blocks`` blocks and back; a step-time function with ``block_copy_s`` (see
+:mod:`pagedbench.bench.costmodel.host_link`) prices each step's copies, added to that step
+(:mod:`pagedbench.bench.sim.accounting`). Runs of decode steps are not fast-forwarded then (the
+fast-forward preempts by recompute).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +43,7 @@ from collections.abc import Callable
 from pagedbench.bench.common.serving_metrics import RequestTiming
 from pagedbench.bench.sim.accounting import AccountingExecutor
 from pagedbench.bench.sim.fast_forward import FastForward
+from pagedbench.bench.sim.follow_ups import FollowUps
 from pagedbench.bench.sim.group_replay import BeamReplay, GroupSpec, PerBeamContiguousManager, RowExecutor
 from pagedbench.bench.sim.records import AllocatorSpec, Overload, Shares, SimConfig, SimResult, StepRecord
 from pagedbench.bench.workloads import Request
@@ -91,9 +104,21 @@ class SimRun:
         check_trace(trace, cfg, self.total, self.bm, group.width if group else 1)
         self.spec, self.cfg, self.record = spec, cfg, record_steps
         watermark = math.ceil(cfg.watermark * self.bm.num_blocks) if spec.kind == "paged" else 0
+        host = None
+        if cfg.preemption_mode == "swap":
+            if spec.kind != "paged":
+                raise ValueError(f"swap preemption needs the paged manager, got {spec.name}")
+            from pagedbench.refengine.kv.host_pool import HostBlockAllocator
+
+            host = HostBlockAllocator(cfg.swap_blocks)
         self.sched = Scheduler(self.bm, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.token_budget,
                                stop=StopRule(frozenset(), cfg.max_seq_len), policy=cfg.policy,
-                               prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark)
+                               prefix_caching=cfg.enable_prefix_caching, watermark_blocks=watermark,
+                               preemption_mode=cfg.preemption_mode, host_allocator=host)
+        # a step-time function may price the host copies of swap preemption (bench.costmodel.host_link)
+        self.block_copy_s = getattr(step_time_s, "block_copy_s", None)
+        self.copy_s = 0.0
+        self.copies: list = []  # CopyRecord of each step that copies blocks to or from the host
         executor = SimulatedExecutor(step_time_s)
         # a step-time function may price waking an idle engine (bench.costmodel.wake_cost): the i-th step
         # after an idle jump of the clock costs wake_s(the jump)[i] more
@@ -108,9 +133,15 @@ class SimRun:
         self.core = EngineCore(self.sched, AccountingExecutor(executor, self, account),
                                clock=self.clock, can_fork=spec.kind == "paged")
         self.beams = BeamReplay(self.core, group) if group is not None and group.is_beam else None
-        self.pending = deque(sorted(trace, key=lambda r: (r.arrival_s, r.request_id)))
+        follow = FollowUps(trace)
+        self.follow = follow if follow else None
+        self.pending = deque(sorted(follow.initial, key=_arrival_order))
         last = self.pending[-1].arrival_s if self.pending else 0.0
-        if cfg.span_s is not None:
+        if self.follow is not None:
+            if cfg.span_s is not None:
+                raise ValueError("a trace with follow-ups is measured whole: span_s must be None")
+            self.window = (0.0, math.inf)
+        elif cfg.span_s is not None:
             if last >= cfg.span_s:
                 raise ValueError(f"the trace's last arrival ({last} s) is past its span_s ({cfg.span_s} s)")
             self.window = (cfg.warmup_frac * cfg.span_s, (1 - cfg.cooldown_frac) * cfg.span_s)
@@ -137,7 +168,7 @@ class SimRun:
         # a run of steps is priced by shape alone: with a price of waking or of a prefill's aftermath,
         # every step is simulated
         fast = (fast_forward and group is None and not account and not record_steps and self.wake_s is None
-                and self.after_prefill is None
+                and self.after_prefill is None and cfg.preemption_mode == "recompute"
                 and FastForward.applies(self))
         self.fast = FastForward(self) if fast else None
         self.chain_runs = True  # step() serves runs one after another (False: one per call, for on_step)
@@ -156,6 +187,8 @@ class SimRun:
             if self.beams is not None:
                 self.beams.add(req)
             self.requests.append((r, req))
+            if self.follow is not None:
+                self.follow.watch(req.children[0].seq_id if self.group is None else req.request_id, r)
             if self.window[0] <= r.arrival_s <= self.window[1]:
                 self.arrived_in_window += 1
                 # a group is timed as a whole, by request id (a beam may be pruned, a sample finish early)
@@ -260,6 +293,9 @@ class SimRun:
         last call or the step is the first to end past the window (a fast-forwarded run ends there)."""
         w0, w1 = self.window
         timing = self.timing
+        if self.follow is not None and done:  # the turns these completions release
+            for r in self.follow.release(done, end):
+                bisect.insort(self.pending, r, key=_arrival_order)
         for key in done:
             if key in timing:
                 self.num_measured_left -= 1
@@ -299,4 +335,11 @@ class SimRun:
         return SimResult(self.spec.name, self.total, self.num_steps, self.num_measured, shares,
                          self.running_sum / m, self.peak, self.sched.num_preemptions, len(lat), norm,
                          self.clock.now(), self.generated, tuple(self.steps), tuple(d for d, _ in lat),
-                         timings, overload, self.peak_used * self.bs)
+                         timings, overload, self.peak_used * self.bs, self.copy_s,
+                         self.sched.num_swapped_out_blocks, self.sched.num_swapped_in_blocks, tuple(self.copies),
+                         tuple((r.request_id, c) for r, req in self.requests
+                               if (c := req.children[0].num_cached_tokens) is not None))
+
+
+def _arrival_order(r: Request) -> tuple[float, int]:
+    return (r.arrival_s, r.request_id)

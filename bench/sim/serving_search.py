@@ -12,13 +12,16 @@ from pagedbench.bench import workloads
 from pagedbench.bench.sim.capacity_search import find_capacity
 from pagedbench.bench.sim.points import Point, cost_model, run_point
 from pagedbench.bench.sim.settings import Dataset, Setting
-from pagedbench.bench.workloads import trace_spans
+from pagedbench.bench.workloads import sessions, trace_spans
 
 
 def low_load_rate(setting: Setting, dataset: Dataset, max_seq_len: int) -> float:
     """A rate at which requests hardly ever overlap: one arrival per 50 mean request durations."""
     cost = cost_model(setting)
-    if dataset.trace:
+    if dataset.workload:
+        w = sessions.workload(dataset.workload)
+        mean_prompt, mean_output = w.mean_prompt, w.mean_output
+    elif dataset.trace:
         mean_prompt, mean_output = trace_spans.mean_lengths(dataset.trace, max_seq_len, dataset.over_context)
     else:
         stats = workloads.DATASETS[dataset.dataset]

@@ -51,6 +51,9 @@ class Dataset:
     kinds: tuple[str, ...] | None = None  # the KV manager kinds it runs with (None: all)
     policies: tuple[str, ...] | None = None  # the scheduler policies it runs with (None: the comparison rule)
     span_s: float | None = None  # overrides the setting's span
+    # or a named workload with token ids of its own (bench.workloads.sessions.WORKLOADS: few-shot prefixes,
+    # chatbot rounds), in place of dataset and trace
+    workload: str = ""
 
     def runs_on(self, setting: Setting) -> bool:
         return self.settings is None or setting.name in self.settings

@@ -29,13 +29,13 @@ import gc
 from collections.abc import Callable
 
 from pagedbench.bench.sim.group_replay import GroupSpec
-from pagedbench.bench.sim.records import AllocatorSpec, Overload, Shares, SimConfig, SimResult, StepRecord
+from pagedbench.bench.sim.records import AllocatorSpec, CopyRecord, Overload, Shares, SimConfig, SimResult, StepRecord
 from pagedbench.bench.sim.run import SimRun, default_manager
 from pagedbench.bench.sim.sharing import sharing_saving
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine.engine.core import StepShape
 
-__all__ = ["AllocatorSpec", "Overload", "Shares", "SimConfig", "SimResult", "StepRecord", "constant_step",
+__all__ = ["AllocatorSpec", "CopyRecord", "Overload", "Shares", "SimConfig", "SimResult", "StepRecord", "constant_step",
            "sharing_saving", "simulate"]
 
 #: the private names of the flat ``serving_sim`` module, for its callers

@@ -35,6 +35,11 @@ class Request:
     # ids of the prompt's blocks as a trace gives them (Mooncake: one per 512 tokens; equal ids, equal
     # tokens), so prompts can share prefixes; () when the trace has none
     block_hash_ids: tuple[int, ...] = ()
+    # a follow-up (a conversation's next turn): released ``think_s`` after request ``release_after``
+    # completes, its ``arrival_s`` then set by the simulator (the trace's value is ignored); None: it
+    # arrives at ``arrival_s`` (bench/workloads/sessions.py builds them)
+    release_after: int | None = None
+    think_s: float = 0.0
 
     @property
     def total_len(self) -> int:

@@ -1,0 +1,157 @@
+"""Multi-turn serving: how much of each round's prompt the prefix cache still holds, and what it costs when
+it does not.
+
+``python -m pagedbench.bench multi_turn [--full]``. Writes ``results/multi_turn.{json,md}``.
+
+The workload is SGLang's multi-turn benchmark shape (:data:`pagedbench.bench.workloads.sessions.
+SGLANG_MULTITURN`: clients x rounds, a 512-token message and a 64-token answer a round), sessions starting
+Poisson at ``session_rate``, each next round released ``think_s`` after the previous answer completes
+(:mod:`pagedbench.bench.sim.follow_ups`). Each round's prompt repeats the session's history, so with room
+a prefix cache serves all of it but the new message. The simulator runs the real scheduler with the
+paged manager's prefix cache on one device (the cost model of ``model`` on ``hardware``) at KV budgets
+given as shares of every session's final history together: one that holds them all and one that holds a
+fraction, where cached histories are evicted before their next round comes and the hit rate collapses.
+
+Per round: the hit rate (prompt tokens served from the cache at first admission over prompt tokens) and
+TTFT (mean, p90).
+
+**Tiers.** Each budget is served by every entry of ``tiers``: today only ``device`` (the device pool's
+prefix cache). The engine is gaining a host tier for its prefix cache (``LLM(kv_offloading_size=GiB)``);
+once it is there, a ``host`` entry in :data:`TIERS` builds its manager (the host tier's size, its load
+priced per block by :meth:`pagedbench.bench.costmodel.host_link.BlockCopyCost.load_s`) and the report
+gains its columns unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.common import records
+from pagedbench.bench.common.serving_metrics import request_metrics
+from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
+from pagedbench.bench.sim.points import step_time_fn
+from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
+from pagedbench.bench.workloads import sessions
+
+
+def _device_tier(cfg: MultiTurnConfig, kv_slots: int) -> dict:
+    """The device pool's prefix cache alone: what the engine has today."""
+    return {"cfg": SimConfig(kv_slots=kv_slots, max_seq_len=cfg.max_seq_len, enable_prefix_caching=True,
+                             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                             warmup_frac=0.0)}
+
+
+#: how each tier is simulated: name -> (config, budget in slots) -> simulate()'s keyword arguments. The host
+#: tier (``kv_offloading_size``) goes here once the engine has it (see the module docstring).
+TIERS: dict[str, Callable[[MultiTurnConfig, int], dict]] = {"device": _device_tier}
+
+
+@dataclass(frozen=True, slots=True)
+class MultiTurnConfig:
+    model: str = "llama-3.1-8b"
+    hardware: str = "h100-sxm"
+    max_seq_len: int = 8192
+    num_clients: int = 256
+    num_rounds: int = 5
+    user_len: tuple[int, int] = (512, 512)
+    answer_len: tuple[int, int] = (64, 64)
+    think_s: float = 1.0
+    session_rate: float = 8.0  # sessions starting per second (Poisson)
+    # KV budgets as shares of every session's final history together (1.25: all of them fit)
+    budget_shares: tuple[float, ...] = (1.25, 0.25)
+    tiers: tuple[str, ...] = ("device",)
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tiers if t not in TIERS]
+        if unknown:
+            raise ValueError(f"unknown tiers {unknown}; known: {sorted(TIERS)}")
+        if not self.budget_shares or any(not s > 0 for s in self.budget_shares):
+            raise ValueError(f"budget_shares must be > 0, got {self.budget_shares}")
+
+
+QUICK = MultiTurnConfig(num_clients=128, budget_shares=(1.25, 0.5, 0.25), seeds=(0, 1))
+FULL = MultiTurnConfig(seeds=(0, 1, 2), budget_shares=(1.25, 0.75, 0.5, 0.25, 0.1))
+
+
+def _shape(cfg: MultiTurnConfig) -> sessions.MultiTurnShape:
+    return sessions.MultiTurnShape(cfg.num_clients, cfg.num_rounds, cfg.user_len, cfg.answer_len, cfg.think_s)
+
+
+def history_tokens(trace: sessions.SessionTrace) -> int:
+    """Every session's final history (its last prompt and answer) together, in tokens."""
+    last: dict[int, int] = {}
+    for r in trace.requests:
+        s, _ = trace.turn[r.request_id]
+        last[s] = r.prompt_len + r.output_len
+    return sum(last.values())
+
+
+def per_round(trace: sessions.SessionTrace, result) -> list[dict]:
+    cached = dict(result.cached_tokens)
+    rows = []
+    for k in range(max(rnd for _, rnd in trace.turn.values()) + 1):
+        ids = [rid for rid, (_, rnd) in trace.turn.items() if rnd == k]
+        prompt = sum(len(trace.token_ids[i]) for i in ids)
+        timings = [t for t in result.requests if trace.turn[t.request_id][1] == k and t.finished]
+        ttft = [request_metrics(t).ttft_s for t in timings]
+        rows.append({"round": k, "num_requests": len(ids), "prompt_tokens": prompt,
+                     "hit_tokens": sum(cached.get(i, 0) for i in ids),
+                     "hit_rate": sum(cached.get(i, 0) for i in ids) / prompt,
+                     "mean_ttft_s": float(np.mean(ttft)) if ttft else None,
+                     "p90_ttft_s": float(np.percentile(ttft, 90)) if ttft else None})
+    return rows
+
+
+def run_one(cfg: MultiTurnConfig, tier: str, share: float, seed: int) -> dict:
+    trace = sessions.multi_turn(_shape(cfg), rate=cfg.session_rate, seed=seed)
+    history = history_tokens(trace)
+    slots = -(-int(share * history) // cfg.block_size) * cfg.block_size
+    step = step_time_fn(StepCostModel.from_profiles(load_model(cfg.model), load_hardware(cfg.hardware)))
+    start = time.perf_counter()
+    r = simulate(trace.requests, AllocatorSpec("paged", cfg.block_size), step_time_s=step, account=False,
+                 prompt_tokens=trace.prompt_tokens, **TIERS[tier](cfg, slots))
+    return {"tier": tier, "budget_share": share, "seed": seed, "kv_slots": slots, "history_tokens": history,
+            "num_preemptions": r.num_preemptions, "simulated_s": r.simulated_s, "wall_s": time.perf_counter() - start,
+            "rounds": per_round(trace, r)}
+
+
+def run_study(cfg: MultiTurnConfig, *, progress: bool = True) -> dict:
+    runs = []
+    for tier in cfg.tiers:
+        for share in cfg.budget_shares:
+            for seed in cfg.seeds:
+                runs.append(run_one(cfg, tier, share, seed))
+                if progress:
+                    hits = " ".join(f"{x['hit_rate']:.2f}" for x in runs[-1]["rounds"])
+                    print(f"  {tier} budget {share:g} x histories seed {seed}: hit rate by round {hits}", flush=True)
+    return {"config": dataclasses.asdict(cfg), "runs": runs}
+
+
+def main(argv: list[str]) -> None:
+    from pagedbench.bench.studies.multi_turn import report
+
+    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench multi_turn", description=__doc__)
+    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
+    parser.add_argument("--full", action="store_true", help="256 clients, 3 seeds, five budgets")
+    args = parser.parse_args(argv)
+    cfg = FULL if args.full else QUICK
+    start = time.perf_counter()
+    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(), **run_study(cfg)}
+    doc["wall_s"] = time.perf_counter() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.markdown(doc)
+    records.write_json(out / "multi_turn.json", doc)
+    records.write_text(out / "multi_turn.md", text)
+    print(text)

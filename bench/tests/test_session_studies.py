@@ -1,0 +1,64 @@
+"""The Fig. 16, 17 and 19 and multi-turn studies end to end on tiny configs: they run, their records hold
+what their reports read, and their reports render."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pagedbench.bench.common import environment as env_mod
+from pagedbench.bench.studies.chatbot import report as chatbot_report
+from pagedbench.bench.studies.chatbot import study as chatbot
+from pagedbench.bench.studies.fig19 import report as fig19_report
+from pagedbench.bench.studies.fig19 import study as fig19
+from pagedbench.bench.studies.multi_turn import report as multi_turn_report
+from pagedbench.bench.studies.multi_turn import study as multi_turn
+from pagedbench.bench.studies.shared_prefix import report as shared_prefix_report
+from pagedbench.bench.studies.shared_prefix import study as shared_prefix
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDBENCH_SERVING_CACHE", str(tmp_path / "cache"))
+
+
+def _doc(run: dict) -> dict:
+    return {"environment": env_mod.environment(), "wall_s": 0.0, **run}
+
+
+def test_fig19_swap_costs_more_than_recompute_for_small_blocks_only():
+    cfg = dataclasses.replace(fig19.QUICK, sim_block_sizes=(16,), rates=(2.5,), span_s=30.0, cpu_block_sizes=(1, 16),
+                              cpu_sequence_tokens=64, cpu_repeats=1)
+    doc = _doc(fig19.run_study(cfg, progress=False))
+    by_bs = {r["block_size"]: r for r in doc["cost_model"]}
+    assert by_bs[1]["swap_block_s"] > by_bs[1]["recompute_block_s"]  # latency-bound tiny copies
+    assert by_bs[64]["swap_block_s"] < by_bs[64]["recompute_block_s"]
+    assert len({r["sequence_recompute_s"] for r in doc["cost_model"]}) == 1  # recompute uses no block
+    swap = [p for p in doc["simulated"] if p["mode"] == "swap"]
+    assert swap and all(p["num_finished"] == p["num_requests"] for p in doc["simulated"])
+    assert "Fig. 19" in fig19_report.markdown(doc)
+
+
+def test_shared_prefix_and_chatbot_capacities_are_paired_and_rendered():
+    cfg = dataclasses.replace(shared_prefix.QUICK, workloads=("fewshot-5",), span_s=10.0, bisection_steps=1, workers=1)
+    doc = _doc(shared_prefix.run_study(cfg, progress=False))
+    assert {s["contender"] for s in doc["searches"]} == {c.label for c in shared_prefix.CONTENDERS}
+    cached = next(r for r in doc["ratios"] if r["ours"] == shared_prefix.CACHED and r["versus"] == shared_prefix.ORCA)
+    assert cached["paper"] == 3.58
+    assert "3.58x" in shared_prefix_report.markdown(doc)
+    cfg = dataclasses.replace(chatbot.QUICK, seeds=(0,), span_s=20.0, bisection_steps=1, workers=1)
+    doc = _doc(chatbot.run_study(cfg, progress=False))
+    assert len(doc["ratios"]) == 3 and "2.0x" in chatbot_report.markdown(doc)
+
+
+def test_multi_turn_hits_the_history_when_it_fits_and_less_when_it_does_not():
+    cfg = dataclasses.replace(multi_turn.QUICK, num_clients=16, num_rounds=3, budget_shares=(1.25, 0.1), seeds=(0,))
+    doc = _doc(multi_turn.run_study(cfg, progress=False))
+    fits, tight = doc["runs"]
+    assert fits["rounds"][0]["hit_rate"] == 0.0
+    # round 1 repeats 512 + 64 tokens of 1088, all but the unstored last token's block cached
+    assert fits["rounds"][1]["hit_rate"] == pytest.approx((575 // 16 * 16) / 1088)
+    assert sum(r["hit_tokens"] for r in tight["rounds"]) < sum(r["hit_tokens"] for r in fits["rounds"])
+    assert "kv_offloading_size" in multi_turn_report.markdown(doc)
+    with pytest.raises(ValueError, match="unknown tiers"):
+        dataclasses.replace(cfg, tiers=("host",))
