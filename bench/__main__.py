@@ -24,6 +24,7 @@ STUDY_MODULES = {
     "batch_invariance": "studies.batch_invariance.study", "load_speed": "studies.load_speed.study",
     "beam_study": "studies.beam.study", "beam_serving": "studies.beam.serving",
     "engine_vs_vllm": "studies.engine_vs_vllm", "costmodel.fit_error": "costmodel.fit_error",
+    "batch_gap": "studies.batch_gap.study",
 }
 STUDIES = tuple(STUDY_MODULES)
 COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu_check",
