@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from pagedbench.bench.common.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
-from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
+from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of, this_machine
 from pagedbench.bench.studies.calibrate.config import CONFIG, CalibrateConfig, load_config, load_engine_model
 from pagedbench.bench.studies.calibrate.report import render_markdown, write_results
 from pagedbench.bench.studies.calibrate.steps import (
@@ -49,6 +49,7 @@ from pagedbench.bench.studies.calibrate.steps import (
     median_rescaled,
     predicted_s,
     samples_of,
+    steady_samples,
 )
 from pagedbench.bench.studies.calibrate.validation import validate
 
@@ -139,6 +140,8 @@ def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float,
     before the batched fits and charged with them (the linear terms are the earlier model, without it)."""
     return {
         "wall_s": wall_s,
+        # the CPU the fit prices: a check on another CPU refits first (calibrate_online)
+        "machine": this_machine().to_record(),
         "num_samples": len(steps),
         "num_samples_by_kind": {k: sum(s.kind == k for s in steps) for k in KINDS},
         "max_decode_batch": max((len(s.shape.decode_context_lens) for s in steps), default=0),
@@ -153,6 +156,8 @@ def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float,
         "samples": [_sample_row(s, p) for s, p in zip(steps, predicted_s(costs["wall"], steps, after))],
         "decode_since_prefill": decode_errors_since_prefill(costs["wall"], [steps], "wall", after),
         "after_prefill": after.to_record() if after is not None else None,
+        # the steps a noisy aftermath would have taken below half their time, held there (steps.MIN_STEADY_SHARE)
+        "after_prefill_floor": {clock: steady_samples(steps, clock, after).to_record() for clock in ("wall", "cpu")},
         # the same fit made without it: what pricing it changes
         "without_after_prefill": {
             **_fit_section(steps, costs["without_after_prefill"], "wall", None),

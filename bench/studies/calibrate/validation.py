@@ -33,6 +33,7 @@ from pagedbench.bench.studies.calibrate.steps import (
     decode_errors_since_prefill,
     error_summary,
     predicted_s,
+    priced_after,
     run_engine,
     step_batch,
 )
@@ -102,7 +103,7 @@ def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | Batche
                         max_num_batched_tokens=spec.max_num_batched_tokens, policy="mixed",
                         enable_prefix_caching=spec.enable_prefix_caching)
     result = simulate(requests, AllocatorSpec("paged", spec.block_size), sim_cfg,
-                      step_time_s=with_wake(step_time_s, None, after), account=False,
+                      step_time_s=with_wake(step_time_s, None, priced_after(after, cost)), account=False,
                       prompt_tokens=lambda r: list(trace.prompts[r.request_id]))
     if result.num_finished != len(requests):
         raise RuntimeError(f"the simulator finished {result.num_finished} of {len(requests)} requests")
