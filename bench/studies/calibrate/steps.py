@@ -42,11 +42,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
+from pagedbench.bench.costmodel import StepCostModel, StepSample, fit_profile
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.calibration import fit_batched_profile, terms_of
 from pagedbench.bench.costmodel.wake_cost import WakeCost
+from pagedbench.bench.studies.calibrate.aftermath import (
+    MIN_STEADY_SHARE,
+    PricedAfterPrefill,
+    SteadySamples,
+    priced_after,
+    steady_samples,
+)
 from pagedbench.bench.studies.calibrate.config import (
     CalibrateConfig,
     EngineSpec,
@@ -55,11 +62,16 @@ from pagedbench.bench.studies.calibrate.config import (
     join_pairs,
     join_run_tokens,
 )
+from pagedbench.bench.studies.calibrate.shapes import CLOCKS, step_batch
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.engine.core import StepShape
 
 KINDS = ("decode", "prefill", "mixed")
-CLOCKS = ("wall", "cpu")  # which duration of a step a fit targets: step_s or cpu_s
+#: names that live in .shapes and .aftermath, importable from here as before
+__all__ = ["CLOCKS", "KINDS", "MIN_STEADY_SHARE", "PricedAfterPrefill", "SteadySamples", "StepGrid", "TimedStep",
+           "TimingExecutor", "build_engine", "calibration_steps", "calibration_steps_by_clock", "constant_fit",
+           "decode_errors_since_prefill", "error_summary", "fit", "fit_errors", "median_rescaled", "predicted_s",
+           "priced_after", "run_engine", "samples_of", "steady_samples", "step_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +106,6 @@ class TimingExecutor:
         result = self.inner.execute(out)
         self.last_s = time.perf_counter() - start
         return result
-
-
-def step_batch(shape: StepShape) -> StepBatch:
-    """The cost model's view of a step: a prefill chunk's context there excludes the chunk itself."""
-    return StepBatch.of(decode_context_lens=shape.decode_context_lens,
-                        prefill_chunks=tuple((q, ctx - q) for q, ctx in shape.prefill_chunks))
 
 
 def build_engine(loaded, spec: EngineSpec) -> tuple[LLM, TimingExecutor]:
@@ -298,102 +304,11 @@ def calibration_steps_by_clock(loaded, cfg: CalibrateConfig) -> tuple[list[Timed
     return steps, grid.wake_pairs(), grid.after_prefill_by_clock()
 
 
-#: the least share of its measured time a step keeps once a prefill's aftermath is taken off it. The
-#: aftermath is a median over other steps (the after-prefill runs), not this step's own: on a loaded machine
-#: a noisy median, or a step that happened to run fast, can make it exceed the step itself, which would leave
-#: a steady-state time of zero or less (no step costs that) or a tiny one that a fit on relative error weighs
-#: without bound. The largest aftermath measured on a quiet machine is well under half of the smallest step
-#: (a few tenths of a millisecond against a fixed cost of about 2 ms), so a step is never taken below half
-#: of what it measured, and each step held at that floor is counted and reported.
-MIN_STEADY_SHARE = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class SteadySamples:
-    """The fit's samples: the steps less a prefill's aftermath, each kept at least ``min_steady_share`` of its
-    measured time; ``num_clipped`` steps were held at that floor (their aftermath was larger than it allows)."""
-
-    samples: tuple[StepSample, ...]
-    num_clipped: int
-    min_steady_share: float
-
-    def to_record(self) -> dict:
-        return {"num_samples": len(self.samples), "num_clipped": self.num_clipped,
-                "min_steady_share": self.min_steady_share}
-
-
-def steady_samples(steps: Sequence[TimedStep], clock: str = "wall", after: AfterPrefillCost | None = None,
-                   min_steady_share: float = MIN_STEADY_SHARE) -> SteadySamples:
-    """The steps (in the order they ran) as fit samples; with ``after``, each less the extra time a prefill
-    before it costs it (the shape's steady-state time), never below ``min_steady_share`` of the step's own
-    measured time (:data:`MIN_STEADY_SHARE`; the steps held there are counted)."""
-    if not 0 < min_steady_share <= 1:
-        raise ValueError(f"min_steady_share must be in (0, 1], got {min_steady_share!r}")
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
-    bad = [s.seconds(clock) for s in steps if not s.seconds(clock) > 0]
-    if bad:
-        raise ValueError(f"every measured step needs {clock} seconds > 0, got {bad[:3]}")
-    extras = after.extras_in_order(s.shape for s in steps) if after is not None else [0.0] * len(steps)
-    samples, clipped = [], 0
-    for s, x in zip(steps, extras):
-        measured = s.seconds(clock)
-        floor = min_steady_share * measured
-        if measured - x < floor:
-            clipped += 1
-        samples.append(StepSample(step_batch(s.shape), max(measured - x, floor)))
-    return SteadySamples(tuple(samples), clipped, min_steady_share)
-
-
 def samples_of(steps: Sequence[TimedStep], clock: str = "wall",
                after: AfterPrefillCost | None = None) -> list[StepSample]:
     """The steps (in the order they ran) as fit samples; with ``after``, each less the extra time a prefill
     before it costs it (the shape's steady-state time), floored as :func:`steady_samples` says."""
     return list(steady_samples(steps, clock, after).samples)
-
-
-class PricedAfterPrefill:
-    """``after`` as it is charged beside ``cost``'s step times: a decode step after a prefill is priced between
-    :data:`MIN_STEADY_SHARE` and 1 / :data:`MIN_STEADY_SHARE` times its shape's cost, the bound
-    :func:`steady_samples` keeps on the fit's side (a step at most twice, at least half, its steady time). A
-    median aftermath can come out negative and larger than a step (on a loaded machine the steady steps it is
-    timed against ran slow), and a step of negative length is no price (the simulator's clock cannot run
-    back); or several times a step, which no cache refill costs. It is what the serving simulator reads as
-    ``step_time_s.after_prefill_s`` (its ``tracker()``), so the simulator, :func:`predicted_s` and the online
-    check charge the same extras."""
-
-    def __init__(self, after: AfterPrefillCost, cost, min_steady_share: float = MIN_STEADY_SHARE) -> None:
-        if not 0 < min_steady_share <= 1:
-            raise ValueError(f"min_steady_share must be in (0, 1], got {min_steady_share!r}")
-        self.after, self.cost, self.min_steady_share = after, cost, min_steady_share
-
-    def tracker(self) -> _PricedTracker:
-        return _PricedTracker(self)
-
-    def extras_in_order(self, shapes) -> list[float]:
-        t = self.tracker()
-        return [t.extra(s) for s in shapes]
-
-
-class _PricedTracker:
-    """The after-prefill tracker of :class:`PricedAfterPrefill`: the measured extra, floored per step."""
-
-    def __init__(self, priced: PricedAfterPrefill) -> None:
-        self.inner, self.priced = priced.after.tracker(), priced
-
-    def extra(self, shape) -> float:
-        x = self.inner.extra(shape)
-        if x == 0:
-            return x
-        p = self.priced
-        steady, share = p.cost.step_time_s(step_batch(shape)), p.min_steady_share
-        # the step between share x and 1 / share x its steady time: the bounds steady_samples keeps
-        return min(max(x, -(1.0 - share) * steady), (1.0 / share - 1.0) * steady)
-
-
-def priced_after(after: AfterPrefillCost | None, cost) -> PricedAfterPrefill | None:
-    """``after`` charged beside ``cost`` (:class:`PricedAfterPrefill`), or None."""
-    return None if after is None else PricedAfterPrefill(after, cost)
 
 
 def predicted_s(cost, steps: Sequence[TimedStep], after: AfterPrefillCost | None = None) -> np.ndarray:
