@@ -26,6 +26,7 @@ STUDY_MODULES = {
     "engine_vs_vllm": "studies.engine_vs_vllm", "costmodel.fit_error": "costmodel.fit_error",
     "fig19": "studies.fig19.study", "shared_prefix": "studies.shared_prefix.study",
     "chatbot": "studies.chatbot.study", "multi_turn": "studies.multi_turn.study",
+    "batch_gap": "studies.batch_gap.study",
 }
 STUDIES = tuple(STUDY_MODULES)
 COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu_check",

@@ -21,8 +21,11 @@ group's own work).
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost, batched_term_row
@@ -126,3 +129,88 @@ def terms_of(cost: StepCostModel | BatchedStepCost) -> tuple[str, ...]:
 def relative_errors(cost: StepCostModel | BatchedStepCost, samples: Sequence[StepSample]) -> np.ndarray:
     """predicted / measured - 1 for each sample."""
     return np.array([cost.step_time_s(s.batch) / s.seconds - 1.0 for s in samples])
+
+
+# -- which machine a fit belongs to ---------------------------------------------------------------------------
+# A CPU fit prices one machine's steps: another CPU model (or core count) runs the same shapes at other
+# speeds, so a fit published from one machine is no model of another. A calibration record names its machine,
+# and a check that runs elsewhere refits first.
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationMachine:
+    """The CPU a calibration was measured on: its model name and the cores the process could see."""
+
+    cpu_model: str
+    cpu_count: int | None
+
+    def to_record(self) -> dict:
+        return {"cpu_model": self.cpu_model, "cpu_count": self.cpu_count}
+
+    @classmethod
+    def from_record(cls, record: dict | None) -> CalibrationMachine | None:
+        """The machine a calibration record names: its ``calibration.machine``, or (a record from before it
+        was kept there) its environment's ``machine``; None when it names neither."""
+        if not isinstance(record, dict):
+            return None
+        own = (record.get("calibration") or {}).get("machine")
+        if isinstance(own, dict) and own.get("cpu_model"):
+            return cls(str(own["cpu_model"]), own.get("cpu_count"))
+        env = (record.get("environment") or {}).get("machine")
+        if isinstance(env, dict) and env.get("cpu"):
+            return cls(str(env["cpu"]), env.get("cpu_count"))
+        return None
+
+
+def cpu_model_name() -> str:
+    """This CPU's model name: /proc/cpuinfo's ``model name``, else py-cpuinfo's brand when it is installed,
+    else what :mod:`platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        import cpuinfo  # py-cpuinfo, optional
+
+        brand = cpuinfo.get_cpu_info().get("brand_raw")
+        if brand:
+            return str(brand)
+    except Exception:  # not installed, or it could not read this CPU: fall through to platform
+        pass
+    return platform.processor() or platform.machine()
+
+
+def this_machine() -> CalibrationMachine:
+    """The CPU this process runs on (:func:`cpu_model_name`, ``os.cpu_count()``)."""
+    return CalibrationMachine(cpu_model_name(), os.cpu_count())
+
+
+@dataclass(frozen=True, slots=True)
+class FitChoice:
+    """Whether a check may use a published fit here, or must refit first, and why."""
+
+    refit: bool
+    reason: str
+    published: CalibrationMachine | None
+    here: CalibrationMachine
+
+    def to_record(self) -> dict:
+        return {"refit": self.refit, "reason": self.reason,
+                "published_machine": None if self.published is None else self.published.to_record(),
+                "this_machine": self.here.to_record()}
+
+
+def choose_fit(published: CalibrationMachine | None, here: CalibrationMachine) -> FitChoice:
+    """Refit when the published fit's machine is unknown or differs from ``here`` in CPU model or core count."""
+    if published is None:
+        return FitChoice(True, "the published calibration names no CPU, so it may be another machine's", None, here)
+    if published.cpu_model != here.cpu_model:
+        return FitChoice(True, f"the published fit was measured on {published.cpu_model!r}, this machine is "
+                               f"{here.cpu_model!r}", published, here)
+    if published.cpu_count != here.cpu_count:
+        return FitChoice(True, f"the published fit was measured with {published.cpu_count} cores, this machine "
+                               f"has {here.cpu_count}", published, here)
+    return FitChoice(False, f"the published fit was measured on this CPU ({here.cpu_model!r}, {here.cpu_count} "
+                            "cores)", published, here)

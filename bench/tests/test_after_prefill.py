@@ -11,7 +11,16 @@ from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCo
 from pagedbench.bench.costmodel.wake_cost import with_wake
 from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, constant_step, simulate
 from pagedbench.bench.studies.calibrate.online import StepLog, serve_online, serve_simulated_online, step_error
-from pagedbench.bench.studies.calibrate.steps import TimedStep, fit, predicted_s, samples_of
+from pagedbench.bench.studies.calibrate.steps import (
+    MIN_STEADY_SHARE,
+    PricedAfterPrefill,
+    TimedStep,
+    fit,
+    predicted_s,
+    samples_of,
+    steady_samples,
+    step_batch,
+)
 from pagedbench.bench.tests.test_calibrate_online import STEP_S, _spec, _stub_core, _trace
 from pagedbench.bench.workloads import Request
 from pagedbench.refengine.engine.core import StepShape
@@ -86,6 +95,80 @@ def test_the_fit_is_made_on_the_steps_less_the_extras_and_predictions_add_them_b
     assert [s.seconds for s in samples_of(steps, "wall", AFTER)] == pytest.approx(predicted_s(truth, base))
     plain = fit(steps, "wall")  # without it the steps after a prefill are mispriced
     assert np.max(np.abs(predicted_s(plain, steps) / measured - 1)) > 0.01
+
+
+def test_noisy_steps_less_a_larger_aftermath_stay_positive_and_the_floored_ones_are_counted() -> None:
+    # decode steps after a 64-token prefill at batch 1 (extras 0.8, 0.4, 0.2 ms), timed on a loaded machine:
+    # some ran faster than the aftermath the after-prefill runs measured, so the plain difference goes negative
+    rng = np.random.default_rng(1)
+    shapes, seconds = [], []
+    for _ in range(30):
+        shapes += [StepShape(((64, 64),), ()), _decode(1), _decode(1), _decode(1)]
+        seconds += [2e-3, *np.clip(rng.normal(8e-4, 6e-4, 3), 1e-5, None)]
+    steps = _steps(shapes, seconds)
+    extras = np.array(AFTER.extras_in_order(shapes))
+    measured = np.array(seconds)
+    assert (measured - extras < 0).sum() > 5  # the bug's input: the plain difference has negative samples
+    expected_clipped = int((measured - extras < MIN_STEADY_SHARE * measured).sum())
+    got = steady_samples(steps, "wall", AFTER)
+    values = np.array([s.seconds for s in got.samples])
+    assert (values > 0).all()
+    assert got.num_clipped == expected_clipped > 0
+    assert got.to_record() == {"num_samples": len(steps), "num_clipped": expected_clipped,
+                               "min_steady_share": MIN_STEADY_SHARE}
+    floor = MIN_STEADY_SHARE * measured
+    held = measured - extras < floor
+    assert values[held] == pytest.approx(floor[held])  # held at the floor, not dropped
+    assert values[~held] == pytest.approx((measured - extras)[~held])  # the rest exactly less their extra
+    assert [s.seconds for s in samples_of(steps, "wall", AFTER)] == pytest.approx(values)
+    fit(steps, "wall", after=AFTER)  # fits: no sample refused
+    quiet = steady_samples(steps, "wall")  # no aftermath taken off: nothing to floor
+    assert quiet.num_clipped == 0 and [s.seconds for s in quiet.samples] == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"min_steady_share": 0.0}, "min_steady_share must be in"),
+                                               ({"min_steady_share": 1.5}, "min_steady_share must be in"),
+                                               ({"clock": "gpu"}, "clock must be one of")])
+def test_steady_samples_refuse_bad_arguments(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        steady_samples(_steps([_decode(1)], [1e-3]), **kwargs)
+    with pytest.raises(ValueError, match="needs wall seconds > 0"):
+        steady_samples(_steps([_decode(1)], [0.0]))
+
+
+# an aftermath measured on a loaded machine: the steady steps ran slow, so the median extra is negative, and
+# larger than a decode step's whole cost (the truth's steps here are about 2-3 ms)
+NEGATIVE = AfterPrefillCost((1, 4), (16, 64), (((-4e-3, -1e-3, 1e-4), (-8e-3, -2e-3, 2e-4)),
+                                                ((-4e-3, -1e-3, 0.0), (-8e-3, -2e-3, 1e-4))))
+TRUTH = BatchedStepCost("truth", **dict(zip(BATCHED_TERMS, (2e-3, 5e-5, 3e-5, 4e-7, 2e-8, 2e-4, 3e-7, 5e-8, 6e-4))))
+
+
+def test_a_negative_aftermath_larger_than_a_step_is_priced_at_the_floor() -> None:
+    shapes = [StepShape(((64, 64),), ()), _decode(1), _decode(1), _decode(1), _decode(4)]
+    steps = _steps(shapes, [1e-3] * len(shapes))
+    base = predicted_s(TRUTH, steps)
+    raw = base + np.array(NEGATIVE.extras_in_order(shapes))
+    assert (raw < 0).any()  # the bug's input: charged as measured, some steps would last less than nothing
+    priced = predicted_s(TRUTH, steps, NEGATIVE)
+    assert priced == pytest.approx(np.maximum(raw, MIN_STEADY_SHARE * base))
+    assert (priced > 0).all()
+    assert predicted_s(TRUTH, steps, AFTER) == pytest.approx(base + np.array(AFTER.extras_in_order(shapes)))
+    # and one several times a step is held at twice the step (1 / MIN_STEADY_SHARE)
+    huge = AfterPrefillCost((1,), (64,), (((2e-2, 1e-4, 0.0),),))
+    got = predicted_s(TRUTH, steps, huge)
+    assert got[1] == pytest.approx(base[1] / MIN_STEADY_SHARE)
+    assert got[2] == pytest.approx(base[2] + huge(64, 1)[1])
+
+
+def test_the_simulator_runs_a_negative_aftermath_priced_but_not_raw() -> None:
+    spec, (trace, arrivals) = _spec(), _trace()
+    step = lambda shape: TRUTH.step_time_s(step_batch(shape))  # noqa: E731
+    with pytest.raises(ValueError, match="clock cannot go back"):
+        serve_simulated_online(spec, trace, arrivals, with_wake(step, None, NEGATIVE))
+    timed = serve_simulated_online(spec, trace, arrivals, with_wake(step, None, PricedAfterPrefill(NEGATIVE, TRUTH)))
+    assert all(t.token_times_s for t in timed)
+    with pytest.raises(ValueError, match="min_steady_share must be in"):
+        PricedAfterPrefill(NEGATIVE, TRUTH, 0.0)
 
 
 def _slow_after_prefill_core(spec):

@@ -14,11 +14,18 @@ import yaml
 from pagedbench.bench.costmodel import ProfileError, StepBatch
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
-from pagedbench.bench.costmodel.calibration import TERMS, StepSample, fit_batched_profile, term_identifiability
+from pagedbench.bench.costmodel.calibration import (
+    TERMS,
+    StepSample,
+    fit_batched_profile,
+    term_identifiability,
+    this_machine,
+)
 from pagedbench.bench.studies.calibrate import study as calibrate
 from pagedbench.bench.studies.calibrate.config import CONFIG, join_pairs, load_config, model_config
 from pagedbench.bench.studies.calibrate.report import write_atomic
 from pagedbench.bench.studies.calibrate.steps import (
+    PricedAfterPrefill,
     StepGrid,
     TimedStep,
     build_engine,
@@ -50,10 +57,13 @@ def _batch(sample: dict) -> StepBatch:
     return step_batch(_shape(sample))
 
 
-def _extras(record: dict) -> np.ndarray:
-    """What a prefill costs each grid step after it, as the record's fits charge it (steps in order)."""
-    after = AfterPrefillCost.from_record(record["calibration"]["after_prefill"])
-    return np.array(after.extras_in_order(_shape(s) for s in record["calibration"]["samples"]))
+def _extras(record: dict, cost=None, clock: str = "wall") -> np.ndarray:
+    """What a prefill costs each grid step after it, as the record's ``clock`` fit charges it beside ``cost``
+    (steps in order; with ``cost``, bounded as the fits price it: steps.PricedAfterPrefill)."""
+    cal = record["calibration"]
+    after = AfterPrefillCost.from_record(cal["after_prefill"] if clock == "wall" else cal["cpu_clock"]["after_prefill"])
+    priced = after if cost is None else PricedAfterPrefill(after, cost)
+    return np.array(priced.extras_in_order(_shape(s) for s in record["calibration"]["samples"]))
 
 
 def test_quick_run_writes_one_record_with_every_section(quick_run):
@@ -64,6 +74,14 @@ def test_quick_run_writes_one_record_with_every_section(quick_run):
     assert record["config"]["quick"] and record["config"]["engine"]["model"] == "tiny"
     assert len(record["machine_load"]["loadavg_before"]) == 3
     cal = record["calibration"]
+    assert cal["machine"] == this_machine().to_record()  # the CPU the fit prices (a check elsewhere refits)
+    cpu_after = cal["cpu_clock"]["after_prefill"]  # the same runs' aftermath in CPU time, for the CPU fit
+    assert (cpu_after["batches"], cpu_after["prefill_tokens"]) == (cal["after_prefill"]["batches"],
+                                                                   cal["after_prefill"]["prefill_tokens"])
+    assert cpu_after["pairs"] != cal["after_prefill"]["pairs"]  # another clock's timings of the same steps
+    floor = cal["after_prefill_floor"]  # the steps a noisy aftermath would take below the floor, counted
+    assert floor["wall"]["num_samples"] == floor["cpu"]["num_samples"] == cal["num_samples"]
+    assert 0 <= floor["wall"]["num_clipped"] <= cal["num_samples"]
     assert tuple(cal["coefficients"]) == BATCHED_TERMS  # the default backend's groups and padding
     assert tuple(cal["linear_terms"]["coefficients"]) == TERMS  # the old five-term fit beside it
     assert cal["num_samples"] == len(cal["samples"]) >= len(BATCHED_TERMS)
@@ -115,7 +133,7 @@ def test_fitted_model_beats_a_constant_on_its_samples(quick_run):
     samples, cpu = record["calibration"]["samples"], record["calibration"]["cpu_clock"]
     measured = np.array([s["cpu_s"] for s in samples])
     cost = _cost(cpu["coefficients"])
-    extras = _extras(record)
+    extras = _extras(record, cost, "cpu")  # the aftermath measured in CPU time, as the CPU fit takes it off
     assert np.count_nonzero(extras) > 0  # the quick grid has decode steps right after a prefill
     fitted = (np.array([cost.step_time_s(_batch(s)) for s in samples]) + extras) / measured - 1
     constant = np.sum(1 / measured) / np.sum(1 / measured ** 2)  # the best constant, relative least squares
@@ -123,7 +141,7 @@ def test_fitted_model_beats_a_constant_on_its_samples(quick_run):
     assert np.sqrt(np.mean(fitted ** 2)) < 0.8 * np.sqrt(np.mean(baseline ** 2))
     assert cpu["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(fitted ** 2)))
     wall = _cost(record["calibration"]["coefficients"])  # the published (wall) fit's own error, as recorded
-    walls = (np.array([wall.step_time_s(_batch(s)) for s in samples]) + extras) / np.array(
+    walls = (np.array([wall.step_time_s(_batch(s)) for s in samples]) + _extras(record, wall)) / np.array(
         [s["step_s"] for s in samples]) - 1
     assert record["calibration"]["fit_errors"]["all"]["rms"] == pytest.approx(np.sqrt(np.mean(walls ** 2)))
 

@@ -21,6 +21,12 @@ Poisson arrivals in real time.
    moves between sessions by more than the model's error; this model sees the speed the runs see, so the
    two together separate the model's error from the machine's drift. Both are published; neither is tuned.
 
+The published fit is checked only on the machine it was measured on (:func:`fit_for_check`): where this
+machine's CPU model or core count differs from the one the calibration record names (or the record names
+none), the grid is measured and fitted here first, in this session, and every error is reported against that
+fit; the record's ``fit_used`` says which fit was checked and why (the second model is then the same one,
+and is not run again).
+
 Writes ``results/calibration_online.json`` and ``.md`` atomically.
 """
 
@@ -44,12 +50,13 @@ from pagedbench.bench.common.records import write_json, write_text
 from pagedbench.bench.common.serving_metrics import RequestTiming
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BATCHED_TERMS, BatchedStepCost
+from pagedbench.bench.costmodel.calibration import CalibrationMachine, FitChoice, choose_fit, this_machine
 from pagedbench.bench.costmodel.wake_cost import WakeCost, with_wake
 from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 from pagedbench.bench.studies.calibrate.config import CONFIG, EngineSpec, load_config, load_engine_model
 from pagedbench.bench.studies.calibrate.online_compare import compare_runs
 from pagedbench.bench.studies.calibrate.online_report import render_markdown
-from pagedbench.bench.studies.calibrate.steps import build_engine, calibration_steps, fit, step_batch
+from pagedbench.bench.studies.calibrate.steps import build_engine, calibration_steps, fit, priced_after, step_batch
 from pagedbench.bench.studies.calibrate.validation import serve_simulated
 from pagedbench.bench.workloads.arrivals import arrival_times
 from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
@@ -249,19 +256,43 @@ def load_cost(path: Path, spec: EngineSpec) -> tuple[BatchedStepCost, WakeCost |
     return BatchedStepCost(cal["label"], **{t: cal["coefficients"][t] for t in BATCHED_TERMS}), wake, after
 
 
+Fit = tuple[BatchedStepCost, WakeCost | None, AfterPrefillCost | None]
+
+
+def fit_for_check(calibration: Path, spec: EngineSpec, refit_here: Callable[[], Fit],
+                  here: CalibrationMachine | None = None) -> tuple[BatchedStepCost, WakeCost | None,
+                                                                   AfterPrefillCost | None, FitChoice]:
+    """The model the online check is made against, and why: the published fit of ``calibration`` (checked to be
+    of ``spec``'s engine) where it was measured on ``here`` (default: this machine), else ``refit_here()``, the
+    calibration grid measured and fitted in this session (:func:`pagedbench.bench.costmodel.calibration.choose_fit`)."""
+    cost, wake, after = load_cost(calibration, spec)
+    choice = choose_fit(CalibrationMachine.from_record(json.loads(Path(calibration).read_text())),
+                        here or this_machine())
+    if choice.refit:
+        cost, wake, after = refit_here()
+    return cost, wake, after, choice
+
+
 def run(config: Path, calibration: Path, refit: bool = True) -> dict:
     """The online check (module docstring); the result record."""
     cfg = load_config(config, quick=False)
     spec = cfg.engine
-    cost, wake, after = load_cost(calibration, spec)
+    load_cost(calibration, spec)  # a record of another engine stops here, before the model loads
     torch.set_num_threads(spec.torch_threads)
     loaded, model_cfg = load_engine_model(spec)
+
+    def refit_here() -> Fit:
+        steps, grid_wake, grid_after = calibration_steps(loaded, cfg)
+        return fit(steps, after=grid_after), grid_wake, grid_after
+
+    cost, wake, after, choice = fit_for_check(calibration, spec, refit_here)
+    refit = refit and not choice.refit  # refitted already: the second model would be this one again
     trace = make_trace(Workload("sharegpt", "sharegpt", LENGTH_SCALE, NUM_REQUESTS),
                        vocab_size=model_cfg.vocab_size, max_model_len=spec.max_model_len, seed=TRACE_SEED)
     offline = serve_simulated(spec, trace, cost, after)
     saturation = NUM_REQUESTS / offline.makespan_s
     load_before, start = os.getloadavg(), time.perf_counter()
-    step_time_s = with_wake(lambda shape: cost.step_time_s(step_batch(shape)), wake, after)
+    step_time_s = with_wake(lambda shape: cost.step_time_s(step_batch(shape)), wake, priced_after(after, cost))
     warm, _ = build_engine(loaded, spec)  # one untimed offline pass: the first steps of a process are slow
     serve_online(warm.core, [0.0] * 4, trace.prompts[:4], [8] * 4, wall_wait_until(warm.core.clock))
     # The same grid measured again in this process, just before the real runs: a shared machine's speed
@@ -271,7 +302,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         here_steps, here_wake, here_after = calibration_steps(loaded, cfg)
         here = fit(here_steps, after=here_after)
     here_time_s = None if here is None else with_wake(lambda shape: here.step_time_s(step_batch(shape)), here_wake,
-                                                      here_after)
+                                                      priced_after(here_after, here))
     rates = []
     for name, fraction in RATE_FRACTIONS.items():
         rate = fraction * saturation
@@ -305,6 +336,7 @@ def run(config: Path, calibration: Path, refit: bool = True) -> dict:
         "schema_version": SCHEMA_VERSION,
         "study": "calibration_online",
         "environment": environment(),
+        "fit_used": {"source": "refit in this session" if choice.refit else "published", **choice.to_record()},
         "config": {"path": _shown(config), "calibration": _shown(calibration), "engine": asdict(spec),
                    "cost_model": asdict(cost), "wake": None if wake is None else wake.to_record(),
                    "after_prefill": None if after is None else after.to_record(),

@@ -92,12 +92,26 @@ def _count(record: dict, flag: str | None) -> int:
     return sum(flag is None or bool(m.get(flag)) for r in record["rates"] for m in r["metrics"].values())
 
 
+def _fit_used_line(record: dict) -> list[str]:
+    used = record.get("fit_used")
+    if not used:
+        return []
+    if used["refit"]:
+        return [f"**Fit checked: refitted in this session**, not the published one: {used['reason']}. The "
+                "calibration grid was measured and fitted here before the real runs; every error below is "
+                "against that fit.", ""]
+    return [f"**Fit checked: the published one** ({used['reason']}).", ""]
+
+
 def render_markdown(record: dict) -> str:
     c, load = record["config"], record["machine_load"]
     lines = [
         "# The simulator checked online: calibrated step-cost model vs the real CPU engine", "",
+        *_fit_used_line(record),
         f"Engine: `{c['engine']['model']}` model, `{c['engine']['attention_backend']}` attention, "
-        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} (from `{c['calibration']}`)"
+        f"{c['engine']['dtype']}; cost model: {c['cost_model']['label']} ("
+        + ("refitted here; published: " if (record.get("fit_used") or {}).get("refit") else "from ")
+        + f"`{c['calibration']}`)"
         + _wake_note(c.get("wake")) + _after_prefill_note(c.get("after_prefill")) + ".",
         f"Trace: {c['num_requests']} ShareGPT-like requests (lengths x {c['length_scale']}: mean prompt "
         f"{c['mean_prompt_len']:.0f}, mean output {c['mean_output_len']:.0f} tokens), Poisson arrivals (seed "

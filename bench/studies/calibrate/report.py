@@ -107,7 +107,16 @@ def _wake_table(wake: dict | None) -> list[str]:
     ]
 
 
-def _after_prefill_table(after: dict | None) -> list[str]:
+def _floor_line(floor: dict | None) -> list[str]:
+    if not floor:
+        return []
+    return ["Steps the aftermath would have taken below "
+            f"{floor['wall']['min_steady_share']:.0%} of their measured time (noise: a median over other steps "
+            "larger than this one), held there for the fit: " + ", ".join(
+                f"{f['num_clipped']} of {f['num_samples']} ({clock} clock)" for clock, f in floor.items()) + ".", ""]
+
+
+def _after_prefill_table(after: dict | None, floor: dict | None = None) -> list[str]:
     if not after:
         return []
     rows = []
@@ -123,6 +132,7 @@ def _after_prefill_table(after: dict | None) -> list[str]:
         "(interpolated in the prefill's tokens from 0 and in the batch).", "",
         tabulate(rows, ["decoding sequences", "prefill tokens", "joins", "steady step",
                         *(f"decode {i + 1}" for i in range(len(after["extra_s"][0][0])))], tablefmt="github"), "",
+        *_floor_line(floor),
     ]
 
 
@@ -232,7 +242,8 @@ def render_markdown(record: dict) -> str:
         f"**Valid: {validity['valid']}**" + "".join(f"\n- {r}" for r in validity["reasons"]), "",
         *_fit_tables(record["calibration"]),
         *_wake_table(record["calibration"].get("wake")),
-        *_after_prefill_table(record["calibration"].get("after_prefill")),
+        *_after_prefill_table(record["calibration"].get("after_prefill"),
+                              record["calibration"].get("after_prefill_floor")),
         *_validation_tables(record["validation"], record["calibration"]["cpu_share_of_wall"],
                             record.get("results_name", "calibration")),
         *_variants_table(record),

@@ -42,11 +42,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pagedbench.bench.costmodel import StepBatch, StepCostModel, StepSample, fit_profile
+from pagedbench.bench.costmodel import StepCostModel, StepSample, fit_profile
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
 from pagedbench.bench.costmodel.batched_cost import BatchedStepCost
 from pagedbench.bench.costmodel.calibration import fit_batched_profile, terms_of
 from pagedbench.bench.costmodel.wake_cost import WakeCost
+from pagedbench.bench.studies.calibrate.aftermath import (
+    MIN_STEADY_SHARE,
+    PricedAfterPrefill,
+    SteadySamples,
+    priced_after,
+    steady_samples,
+)
 from pagedbench.bench.studies.calibrate.config import (
     CalibrateConfig,
     EngineSpec,
@@ -55,11 +62,16 @@ from pagedbench.bench.studies.calibrate.config import (
     join_pairs,
     join_run_tokens,
 )
+from pagedbench.bench.studies.calibrate.shapes import CLOCKS, step_batch
 from pagedbench.refengine import LLM, SamplingParams
 from pagedbench.refengine.engine.core import StepShape
 
 KINDS = ("decode", "prefill", "mixed")
-CLOCKS = ("wall", "cpu")  # which duration of a step a fit targets: step_s or cpu_s
+#: names that live in .shapes and .aftermath, importable from here as before
+__all__ = ["CLOCKS", "KINDS", "MIN_STEADY_SHARE", "PricedAfterPrefill", "SteadySamples", "StepGrid", "TimedStep",
+           "TimingExecutor", "build_engine", "calibration_steps", "calibration_steps_by_clock", "constant_fit",
+           "decode_errors_since_prefill", "error_summary", "fit", "fit_errors", "median_rescaled", "predicted_s",
+           "priced_after", "run_engine", "samples_of", "steady_samples", "step_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +106,6 @@ class TimingExecutor:
         result = self.inner.execute(out)
         self.last_s = time.perf_counter() - start
         return result
-
-
-def step_batch(shape: StepShape) -> StepBatch:
-    """The cost model's view of a step: a prefill chunk's context there excludes the chunk itself."""
-    return StepBatch.of(decode_context_lens=shape.decode_context_lens,
-                        prefill_chunks=tuple((q, ctx - q) for q, ctx in shape.prefill_chunks))
 
 
 def build_engine(loaded, spec: EngineSpec) -> tuple[LLM, TimingExecutor]:
@@ -219,9 +225,10 @@ class StepGrid:
                     step.append((w.step_s, a.step_s))
         return WakeCost.measured([ms / 1000 for ms in g.wake_gaps_ms], pairs, pickups)
 
-    def _after_prefill_stretches(self, batch: int, prompt_len: int, cell: list[list[tuple[float, float]]]) -> None:
+    def _after_prefill_stretches(self, batch: int, prompt_len: int, cell: list[list[tuple[float, float]]],
+                                 cell_cpu: list[list[tuple[float, float]]] | None = None) -> None:
         """One batch that a prompt of ``prompt_len`` joins every stretch: ``cell[i]`` gets a (steady, after) pair
-        of decode step ``i + 1`` after each join."""
+        of decode step ``i + 1`` after each join on the wall clock, ``cell_cpu[i]`` the same pair in CPU time."""
         g = self.cfg.grid
         k, stretch = g.after_prefill_steps, g.after_prefill_stretch
         for _ in range(batch):
@@ -242,27 +249,48 @@ class StepGrid:
                     or len(after) < stretch or any(a.kind != "decode" for a in after)
                     or any(len(a.shape.decode_context_lens) != batch for a in after)):
                 continue  # not a join, or a stretch cut short
-            steady = float(np.median([a.step_s for a in after[k:]]))
-            for step, a in zip(cell, after):
-                step.append((steady, a.step_s))
+            for clock, target in (("wall", cell), ("cpu", cell_cpu)):
+                if target is None:
+                    continue
+                steady = float(np.median([a.seconds(clock) for a in after[k:]]))
+                for step, a in zip(target, after):
+                    step.append((steady, a.seconds(clock)))
 
-    def after_prefill(self) -> AfterPrefillCost:
+    def after_prefill_by_clock(self) -> dict[str, AfterPrefillCost]:
         """Per decode batch size and joining prompt length, ``after_prefill_repeats`` stretches of decode steps
         after the prompt's prefill: each of the first ``after_prefill_steps`` against the median of the same
-        stretch's later steps (the steady state, a few tokens of context on)."""
+        stretch's later steps (the steady state, a few tokens of context on), on each clock of :data:`CLOCKS`
+        from the same steps. A fit on one clock takes off the aftermath measured on that clock: on a loaded
+        machine the wall clock's aftermath is several times a step's CPU time."""
         g = self.cfg.grid
-        pairs = [[[[] for _ in range(g.after_prefill_steps)] for _ in g.after_prefill_lens]
-                 for _ in g.after_prefill_batches]
-        for cells, batch in zip(pairs, g.after_prefill_batches):
-            for cell, prompt_len in zip(cells, g.after_prefill_lens):
-                self._after_prefill_stretches(batch, prompt_len, cell)
-        return AfterPrefillCost.measured(g.after_prefill_batches, g.after_prefill_lens, pairs)
+
+        def empty():
+            return [[[[] for _ in range(g.after_prefill_steps)] for _ in g.after_prefill_lens]
+                    for _ in g.after_prefill_batches]
+
+        pairs = {clock: empty() for clock in CLOCKS}
+        for b, batch in enumerate(g.after_prefill_batches):
+            for p, prompt_len in enumerate(g.after_prefill_lens):
+                self._after_prefill_stretches(batch, prompt_len, pairs["wall"][b][p], pairs["cpu"][b][p])
+        return {clock: AfterPrefillCost.measured(g.after_prefill_batches, g.after_prefill_lens, pairs[clock])
+                for clock in CLOCKS}
+
+    def after_prefill(self) -> AfterPrefillCost:
+        """:meth:`after_prefill_by_clock`'s wall-clock cost (the runs are served again)."""
+        return self.after_prefill_by_clock()["wall"]
 
 
 def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost, AfterPrefillCost]:
     """Serve the grid on one engine (see the module docstring): every timed step (warm-up, wake pairs and
     after-prefill runs excluded), the wake pairs' cost of waking an idle engine, and the after-prefill runs'
-    cost of a prefill to the decode steps after it."""
+    cost of a prefill to the decode steps after it (wall clock; :func:`calibration_steps_by_clock` gives both)."""
+    steps, wake, after = calibration_steps_by_clock(loaded, cfg)
+    return steps, wake, after["wall"]
+
+
+def calibration_steps_by_clock(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], WakeCost,
+                                                                     dict[str, AfterPrefillCost]]:
+    """:func:`calibration_steps` with the after-prefill cost on each clock (:meth:`StepGrid.after_prefill_by_clock`)."""
     llm, timer = build_engine(loaded, cfg.engine)
     grid = StepGrid(llm, timer, cfg)
     grid.warm_up()
@@ -273,22 +301,23 @@ def calibration_steps(loaded, cfg: CalibrateConfig) -> tuple[list[TimedStep], Wa
     for j, batch in enumerate(cfg.grid.join_batches):
         steps += grid.join_run(batch, rotate=3 * j)
     steps += grid.lone_prompts()
-    return steps, grid.wake_pairs(), grid.after_prefill()
+    return steps, grid.wake_pairs(), grid.after_prefill_by_clock()
 
 
 def samples_of(steps: Sequence[TimedStep], clock: str = "wall",
                after: AfterPrefillCost | None = None) -> list[StepSample]:
     """The steps (in the order they ran) as fit samples; with ``after``, each less the extra time a prefill
-    before it costs it (the shape's steady-state time)."""
-    extras = after.extras_in_order(s.shape for s in steps) if after is not None else [0.0] * len(steps)
-    return [StepSample(step_batch(s.shape), s.seconds(clock) - x) for s, x in zip(steps, extras)]
+    before it costs it (the shape's steady-state time), floored as :func:`steady_samples` says."""
+    return list(steady_samples(steps, clock, after).samples)
 
 
 def predicted_s(cost, steps: Sequence[TimedStep], after: AfterPrefillCost | None = None) -> np.ndarray:
     """``cost``'s time of each of ``steps`` (in the order they ran): its shape's, plus with ``after`` the
-    extra of a decode step after a prefill, as the serving simulator charges it."""
+    extra of a decode step after a prefill, as the serving simulator charges it (:class:`PricedAfterPrefill`)."""
     base = np.array([cost.step_time_s(step_batch(s.shape)) for s in steps], dtype=float)
-    return base + np.array(after.extras_in_order(s.shape for s in steps)) if after is not None and steps else base
+    if after is None or not steps:
+        return base
+    return base + np.array(priced_after(after, cost).extras_in_order(s.shape for s in steps))
 
 
 def error_summary(errors: np.ndarray) -> dict[str, float | int]:
@@ -359,17 +388,20 @@ def fit(steps: Sequence[TimedStep], clock: str = "wall", *, batched: bool = True
 
 def median_rescaled(cost, steps: Sequence[TimedStep], clock: str = "wall", after: AfterPrefillCost | None = None):
     """``cost`` with every coefficient scaled so that its median relative error on ``steps`` (with ``after``'s
-    extras charged as they are, unscaled) is 0.
+    extras charged as they are, unscaled, within the bounds the scaled model prices them at) is 0.
 
     A diagnostic: least squares on relative error under-predicts a typical step when the timings are
     noisy (the best constant for ``y`` is ``sum(1/y) / sum(1/y^2)``, below the median), so this is
     the same model at a level the noise does not pull down.
     """
     base = predicted_s(cost, steps)
-    extra = predicted_s(cost, steps, after) - base
+    raw = np.array(after.extras_in_order(s.shape for s in steps)) if after is not None else np.zeros(len(steps))
     measured = np.array([s.seconds(clock) for s in steps])
+    share = MIN_STEADY_SHARE
 
     def median_ratio(scale: float) -> float:  # increasing in scale: every step's ratio is
+        # the extras bounded as the scaled model charges them (PricedAfterPrefill: by the scaled shape's cost)
+        extra = np.clip(raw, -(1.0 - share) * scale * base, (1.0 / share - 1.0) * scale * base)
         return float(np.median((scale * base + extra) / measured))
 
     # 1 / median(predicted / measured), not median(measured / predicted): the two differ for an even count;

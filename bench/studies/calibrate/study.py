@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from pagedbench.bench.common.environment import RESULTS_DIR, SCHEMA_VERSION, environment
 from pagedbench.bench.costmodel.after_prefill import AfterPrefillCost
-from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of
+from pagedbench.bench.costmodel.calibration import term_identifiability, terms_of, this_machine
 from pagedbench.bench.studies.calibrate.config import CONFIG, CalibrateConfig, load_config, load_engine_model
 from pagedbench.bench.studies.calibrate.report import render_markdown, write_results
 from pagedbench.bench.studies.calibrate.steps import (
     KINDS,
     TimedStep,
-    calibration_steps,
+    calibration_steps_by_clock,
     constant_fit,
     decode_errors_since_prefill,
     error_summary,
@@ -49,6 +49,7 @@ from pagedbench.bench.studies.calibrate.steps import (
     median_rescaled,
     predicted_s,
     samples_of,
+    steady_samples,
 )
 from pagedbench.bench.studies.calibrate.validation import validate
 
@@ -133,19 +134,24 @@ def _fit_section(steps: list[TimedStep], cost, clock: str, after: AfterPrefillCo
 
 
 def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float,
-                        after: AfterPrefillCost | None = None) -> dict:
+                        after: AfterPrefillCost | None = None, cpu_after: AfterPrefillCost | None = None) -> dict:
     """The fits (wall clock: the main one; CPU clock, the median-rescaled wall fit and the linear terms'
     wall fit: diagnostics); ``after``: what a prefill costs the decode steps after it, taken off the steps
-    before the batched fits and charged with them (the linear terms are the earlier model, without it)."""
+    before the batched fits and charged with them (the linear terms are the earlier model, without it);
+    ``cpu_after``: the same measured in CPU time, for the CPU-clock fit (default: ``after``)."""
+    cpu_after = after if cpu_after is None else cpu_after
     return {
         "wall_s": wall_s,
+        # the CPU the fit prices: a check on another CPU refits first (calibrate_online)
+        "machine": this_machine().to_record(),
         "num_samples": len(steps),
         "num_samples_by_kind": {k: sum(s.kind == k for s in steps) for k in KINDS},
         "max_decode_batch": max((len(s.shape.decode_context_lens) for s in steps), default=0),
         **_fit_section(steps, costs["wall"], "wall", after),
         # per term, the share of its design column no other term explains (0: not identifiable from the grid)
         "identifiability": term_identifiability(samples_of(steps, "wall")),
-        "cpu_clock": _fit_section(steps, costs["cpu"], "cpu", after),
+        "cpu_clock": {**_fit_section(steps, costs["cpu"], "cpu", cpu_after),
+                      "after_prefill": cpu_after.to_record() if cpu_after is not None else None},
         "median_rescaled": _fit_section(steps, costs["median_rescaled"], "wall", after),
         "linear_terms": _fit_section(steps, costs["linear"], "wall", None),
         "host_share_median": float(np.median([1.0 - s.execute_s / s.step_s for s in steps])),
@@ -153,6 +159,9 @@ def calibration_section(steps: list[TimedStep], costs: dict, wall_s: float,
         "samples": [_sample_row(s, p) for s, p in zip(steps, predicted_s(costs["wall"], steps, after))],
         "decode_since_prefill": decode_errors_since_prefill(costs["wall"], [steps], "wall", after),
         "after_prefill": after.to_record() if after is not None else None,
+        # the steps a noisy aftermath would have taken below half their time, held there (steps.MIN_STEADY_SHARE)
+        "after_prefill_floor": {clock: steady_samples(steps, clock, a).to_record()
+                                for clock, a in (("wall", after), ("cpu", cpu_after))},
         # the same fit made without it: what pricing it changes
         "without_after_prefill": {
             **_fit_section(steps, costs["without_after_prefill"], "wall", None),
@@ -181,16 +190,17 @@ def run(cfg: CalibrateConfig) -> dict:
     loaded, model_cfg = load_engine_model(e)
     load_before = os.getloadavg()
     start = time.perf_counter()
-    steps, wake, after = calibration_steps(loaded, cfg)
-    costs = {"wall": fit(steps, "wall", after=after), "cpu": fit(steps, "cpu", after=after)}
+    steps, wake, by_clock = calibration_steps_by_clock(loaded, cfg)
+    after, cpu_after = by_clock["wall"], by_clock["cpu"]  # each fit takes off its own clock's aftermath
+    costs = {"wall": fit(steps, "wall", after=after), "cpu": fit(steps, "cpu", after=cpu_after)}
     costs["median_rescaled"] = median_rescaled(costs["wall"], steps, "wall", after)
     costs["linear"] = fit(steps, "wall", batched=False)
     costs["without_after_prefill"] = fit(steps, "wall")
-    calibration = calibration_section(steps, costs, time.perf_counter() - start, after)
+    calibration = calibration_section(steps, costs, time.perf_counter() - start, after, cpu_after)
     calibration["wake"] = wake.to_record()
     start = time.perf_counter()
     validation = validate(loaded, cfg, costs["wall"], costs["cpu"], costs["median_rescaled"], costs["linear"],
-                          after, costs["without_after_prefill"])
+                          after, costs["without_after_prefill"], cpu_after=cpu_after)
     validation["wall_s"] = time.perf_counter() - start
     record = {
         "schema_version": SCHEMA_VERSION,

@@ -33,6 +33,7 @@ from pagedbench.bench.studies.calibrate.steps import (
     decode_errors_since_prefill,
     error_summary,
     predicted_s,
+    priced_after,
     run_engine,
     step_batch,
 )
@@ -102,7 +103,7 @@ def serve_simulated(spec: EngineSpec, trace: Trace, cost: StepCostModel | Batche
                         max_num_batched_tokens=spec.max_num_batched_tokens, policy="mixed",
                         enable_prefix_caching=spec.enable_prefix_caching)
     result = simulate(requests, AllocatorSpec("paged", spec.block_size), sim_cfg,
-                      step_time_s=with_wake(step_time_s, None, after), account=False,
+                      step_time_s=with_wake(step_time_s, None, priced_after(after, cost)), account=False,
                       prompt_tokens=lambda r: list(trace.prompts[r.request_id]))
     if result.num_finished != len(requests):
         raise RuntimeError(f"the simulator finished {result.num_finished} of {len(requests)} requests")
@@ -170,7 +171,8 @@ def compare(trace: Trace, a: Served, b: Served, sim: Served, cost: StepCostModel
 
 
 def validate(loaded, cfg: CalibrateConfig, cost, cpu_cost, rescaled_cost, linear_cost=None,
-             after: AfterPrefillCost | None = None, plain_cost=None) -> dict:
+             after: AfterPrefillCost | None = None, plain_cost=None, *,
+             cpu_after: AfterPrefillCost | None = None) -> dict:
     """Serve the validation trace twice for real and in the simulator; the validation record section.
 
     The main comparison is on the wall clock with ``cost``. Two diagnostics beside it: ``cpu_clock``,
@@ -188,9 +190,10 @@ def validate(loaded, cfg: CalibrateConfig, cost, cpu_cost, rescaled_cost, linear
     b = serve_real(loaded, cfg.engine, trace)
     section = compare(trace, a, b, serve_simulated(cfg.engine, trace, cost, after), cost, cfg.validation, after)
     a_cpu, b_cpu = a.on_cpu_clock(), b.on_cpu_clock()
+    cpu_after = after if cpu_after is None else cpu_after  # the CPU fit's aftermath is measured in CPU time
     section["cpu_clock"] = {
-        **latency_comparison(a_cpu, b_cpu, serve_simulated(cfg.engine, trace, cpu_cost, after), cfg.validation),
-        "step_error": step_errors(cpu_cost, (a, b), "cpu", after)}
+        **latency_comparison(a_cpu, b_cpu, serve_simulated(cfg.engine, trace, cpu_cost, cpu_after), cfg.validation),
+        "step_error": step_errors(cpu_cost, (a, b), "cpu", cpu_after)}
     section["median_rescaled"] = {
         "label": rescaled_cost.label,
         **latency_comparison(a, b, serve_simulated(cfg.engine, trace, rescaled_cost, after), cfg.validation),
