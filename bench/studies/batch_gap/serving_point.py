@@ -45,7 +45,8 @@ def read_serving_point(path: str | Path, dataset: str = "sharegpt") -> ServingPo
     path = Path(path)
     doc = yaml.safe_load(path.read_text())
     try:
-        setting = Setting(**doc["settings"][0])
+        # the serving loader's rule: a study-wide linear_model unless the setting names its own
+        setting = Setting(**{"linear_model": doc.get("linear_model", "roofline"), **doc["settings"][0]})
         d = next((d for d in doc["datasets"] if d["name"] == dataset), None)
         m = next((m for m in doc["memory_points"] if m["dataset"] == dataset), None)
         paged = next((a for a in doc["allocators"] if a["kind"] == "paged"), None)
