@@ -28,7 +28,7 @@ ENVIRONMENT_KEYS = frozenset({"environment", "created_utc", "git", "machine", "v
 #: names of values measured on the clock (with ``ignore_timing``)
 TIMING_NAME = re.compile(r"(_s|_ms|_us|_ns|_per_s|_rps|_gbps|time|ratio|speedup|_min|_max)$|^ratio|^time")
 _MD_ENVIRONMENT = re.compile(r"^- (machine|backend|versions|commit): ")
-_NUMBER = re.compile(r"\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
 _WIDTH = re.compile(r" {2,}|-{2,}")
 
 

@@ -74,6 +74,7 @@ def test_numbers_in_strings_are_masked_only_with_timing_ignored():
     a, b = {"label": "fit, rescaled x0.993"}, {"label": "fit, rescaled x1.114"}
     assert record_diff.diff_values(a, b) == ["label: 'fit, rescaled x0.993' != 'fit, rescaled x1.114'"]
     assert record_diff.diff_values(a, b, ignore_timing=True) == []
+    assert record_diff.diff_values(a, {"label": "fit, rescaled x-1.114"}, ignore_timing=True) == []  # a signed time
     assert record_diff.diff_values(a, {"label": "fit, scaled x1.114"}, ignore_timing=True) != []
 
 
