@@ -84,8 +84,10 @@ def diff_reports(a: str, b: str, *, ignore_timing: bool = False, same: tuple[tup
     for old, new in same:
         a = a.replace(old, new)
     la, lb = report_lines(a, ignore_timing=ignore_timing), report_lines(b, ignore_timing=ignore_timing)
-    return [line for line in difflib.unified_diff(la, lb, n=0, lineterm="")
-            if line[:1] in "-+" and not line.startswith(("---", "+++"))]
+    # autojunk off: a long report's blank lines are "popular" and would otherwise never match
+    ops = difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes()
+    return [line for op, i1, i2, j1, j2 in ops if op != "equal"
+            for line in [f"-{x}" for x in la[i1:i2]] + [f"+{y}" for y in lb[j1:j2]]]
 
 
 def diff_files(a: Path, b: Path, *, ignore_timing: bool = False, same: tuple[tuple[str, str], ...] = (),

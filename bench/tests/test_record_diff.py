@@ -90,6 +90,11 @@ def test_reports_drop_the_environment_block_and_mask_numbers_only_when_asked():
                                                                                            "+| big | # |"]
 
 
+def test_a_long_reports_blank_lines_still_match():
+    a = "\n".join(["# T", ""] + [f"row {i}\n" for i in range(150)] + ["took 5 s", "", ""])
+    assert record_diff.diff_reports(a, a.replace("took 5 s", "took 9 s")) == ["-took 5 s", "+took 9 s"]
+
+
 def test_main_exits_1_on_a_difference_and_0_without(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(RECORD))
