@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:  # one study or command, with its own arguments
         module = importlib.import_module(f"pagedbench.bench.{COMMANDS[argv[0]]}")
-        return module.main(argv[1:]) or 0
+        status = module.main(argv[1:])
+        # a study's main may return its record (vidur_fit does): only an int is an exit status
+        return status if isinstance(status, int) else 0
     parser = argparse.ArgumentParser(prog="python -m pagedbench.bench", description=__doc__)
     parser.add_argument("--only", action="append", choices=STUDIES, help="run only this study (repeatable)")
     parser.add_argument("--full", action="store_true", help="the larger sweeps (configs' `full` sections)")
