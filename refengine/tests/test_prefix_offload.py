@@ -11,6 +11,7 @@ from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.engine import llm as llm_module
 from pagedbench.refengine.engine import llm_arguments
 from pagedbench.refengine.engine.leak_check import check_no_leak
+from pagedbench.refengine.engine.schedule_plan import BlockSwap, SchedulerOutput
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 from pagedbench.refengine.kv import prefix_hash
 from pagedbench.refengine.kv.block_manager import BlockManager
@@ -91,6 +92,41 @@ def test_greedy_tokens_are_those_without_the_tier_and_the_host_serves_the_evicte
         assert len({s.dst for s in o.offload_store}) == len(o.offload_store)
         assert len({s.dst for s in o.offload_load}) == len(o.offload_load)
     check_no_leak(llm.block_manager, llm.scheduler)
+
+
+def test_a_block_stored_and_loaded_into_in_one_step_keeps_both_kv(loaded, monkeypatch):
+    """The shared prompt's host hits are loaded into blocks whose own KV (the long prompt's) is stored in
+    the same step: the stores must read them first, or the long prompt's next hit serves the wrong KV."""
+    prompts, params = offload_workload()
+    prompts = [*prompts[:3], [*prompts[1][:56], 9, 9]]
+    params = params[:4]
+    llm = make_llm(loaded, kv_offloading_size=gib(32))
+    seen = record_order(llm, monkeypatch)
+    got = tokens_of(llm, prompts, params)
+    assert got == tokens_of(make_llm(loaded), prompts, params)
+    st = llm.stats  # the repeat finds its head on the device, its tail (evicted first) on the host
+    assert st.prefix_host_hit_tokens == 16 + 16 and st.prefix_hit_tokens == 56 - 16
+    outs = [out for kind, out in seen if kind == "copies"]
+    assert any({s.src for s in o.offload_store} & {s.dst for s in o.offload_load} for o in outs), \
+        "no step loaded into a block it stored"
+
+
+def test_the_executor_stores_before_it_loads(loaded):
+    """A step that stores device block 3 and loads host block 1 into it: the host must get block 3's KV
+    from before the load, and block 3 the host's."""
+    llm = make_llm(loaded, kv_offloading_size=gib(4))
+    torch.manual_seed(1)
+    for pool in (llm.pool, llm.offload_pool):
+        for k, v in pool.kv_caches():
+            k.copy_(torch.randn_like(k))
+            v.copy_(torch.randn_like(v))
+    device_before, host_before = slots(llm.pool, [3]), slots(llm.offload_pool, [1])
+    out = SchedulerOutput((), (), (), 0, offload_store=(BlockSwap(3, 0),), offload_load=(BlockSwap(1, 3),))
+    llm.executor.apply_copies(out)
+    for want, got in zip(device_before, slots(llm.offload_pool, [0])):
+        assert torch.equal(want, got), "the store read the block after the load wrote it"
+    for want, got in zip(host_before, slots(llm.pool, [3])):
+        assert torch.equal(want, got), "the load did not write the block"
 
 
 def test_the_tier_and_swap_preemption_together_keep_the_tokens(loaded):
@@ -191,6 +227,26 @@ def test_the_host_tier_evicts_its_least_recently_used_entry_and_keeps_what_a_ste
     hit, stores, _ = serve(5)  # (2, 2) evicted again: already on the host, no copy, most recently used
     assert hit == 0 and stores == [] and tier.hashes() == [key[4], key[2]]
     assert bm.metrics().host_stored_blocks == 4 and bm.metrics().host_loaded_blocks == 1
+
+
+def test_an_entry_a_step_loads_is_never_evicted_by_that_step_s_stores():
+    """A host hit whose admission evicts two device blocks into a full tier of two: the first store evicts
+    the other entry, the second finds every entry pinned and is dropped (the hit's host block is read by
+    the step's load: it must not be written by its store)."""
+    bm = BlockManager(2, 2, enable_prefix_caching=True, num_host_blocks=2)
+    for tokens in ([1, 1, 99], [2, 2, 99], [5, 5, 6, 6]):
+        bm.allocate(0, tokens)
+        bm.take_offload_copies()
+        bm.commit_offload_step()
+        bm.free(0)
+    h = block_key(bm, (1, 1))
+    assert bm.host_tier.hashes() == [h, block_key(bm, (2, 2))]
+    assert bm.allocate(1, [1, 1, 99]) == 2  # a host hit, evicting (6, 6) and (5, 5) from the device
+    stores, loads = bm.take_offload_copies()
+    assert len(stores) == 1 and len(loads) == 1 and bm.metrics().host_dropped_stores == 1
+    assert not {x for _, x in stores} & {x for x, _ in loads}, "a store writes the host block the load reads"
+    assert h in bm.host_tier.hashes()
+    bm.check_invariants()
 
 
 def test_a_failed_step_drops_what_it_stored_and_unpublishes_what_it_loaded():
