@@ -332,3 +332,22 @@ def test_a_block_manager_refuses_a_host_tier_it_cannot_use():
     with pytest.raises(InvalidArgumentError, match="num_host_blocks=2 is a host tier of the prefix cache: it "
                                                    "needs enable_prefix_caching=True"):
         BlockManager(4, 2, num_host_blocks=2)
+
+
+def test_the_server_exports_each_tier_apart(loaded):
+    """/metrics: device hits, host hits and computed prompt tokens, each its own counter, as LLM.stats."""
+    from pagedbench.refengine.engine.async_llm import AsyncLLM
+    from pagedbench.refengine.server.metrics import ServerMetrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prompts, params = offload_workload()
+    llm = make_llm(loaded, kv_offloading_size=gib(32))
+    llm.generate(prompts, params)
+    st = llm.stats
+    snapshot = AsyncLLM._take_snapshot(type("Front", (), {"llm": llm, "_step_time_s": 0.0})())
+    text = ServerMetrics("tiny").render(snapshot).decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got["pagedbench:prefix_cache_hits_total"] == st.prefix_hit_tokens == 0
+    assert got["pagedbench:prefix_cache_host_hits_total"] == st.prefix_host_hit_tokens == 32
+    assert got["pagedbench:prefix_cache_computed_total"] == st.prefix_computed_tokens
+    assert got["pagedbench:prefix_cache_queries_total"] == st.prefix_query_tokens == 32 + st.prefix_computed_tokens
