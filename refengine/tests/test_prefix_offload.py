@@ -351,3 +351,35 @@ def test_the_server_exports_each_tier_apart(loaded):
     assert got["pagedbench:prefix_cache_host_hits_total"] == st.prefix_host_hit_tokens == 32
     assert got["pagedbench:prefix_cache_computed_total"] == st.prefix_computed_tokens
     assert got["pagedbench:prefix_cache_queries_total"] == st.prefix_query_tokens == 32 + st.prefix_computed_tokens
+
+
+def test_a_failed_step_preempts_a_sequence_that_holds_a_loaded_block_without_a_chunk():
+    """A request's two waiting sequences are admitted together; the first loads the prefix from the host,
+    the second hits those blocks on the device but gets no chunk (the budget is spent). The step fails: the
+    second, outside the plan, must be preempted too (its blocks' KV was perhaps never copied)."""
+    from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
+    from pagedbench.refengine.engine.sequence import Sequence
+
+    bm = BlockManager(8, 4, enable_prefix_caching=True, num_host_blocks=8)
+    prompt = list(range(1, 14))  # three full blocks and the last token
+    bm.allocate("p", prompt)
+    bm.free("p")
+    bm.allocate("filler", list(range(100, 132)))  # the whole pool: the prompt's blocks go to the host
+    bm.take_offload_copies()
+    bm.commit_offload_step()
+    bm.free("filler")
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=1, stop=StopRule(frozenset(), 64),
+                      prefix_caching=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    seqs = [Sequence(i, 0, i, list(prompt), len(prompt), params, None) for i in range(2)]
+    for s in seqs:
+        sched.add(s)
+    out = sched.schedule()
+    assert len(out.offload_load) == 3 and [c.seq.seq_id for c in out.chunks] == [0]
+    assert sched.running == seqs and bm.block_table(0)[:3] == bm.block_table(1)[:3]
+    sched.roll_back()
+    assert sched.running == [] and sorted(s.seq_id for s in sched.waiting) == [0, 1]
+    assert bm.num_free_blocks == bm.num_blocks
+    bm.check_invariants()
+    out = sched.schedule()  # the retry loads the prefix again: nothing of the failed load is hit
+    assert len(out.offload_load) == 3
