@@ -87,6 +87,11 @@ class Implementation:
     def copy_blocks(self, k_cache, v_cache, pairs) -> None:
         raise self._unsupported("copy_blocks")
 
+    def copy_blocks_between(self, src_k_cache, src_v_cache, dst_k_cache, dst_v_cache, pairs) -> None:
+        """Block ``s`` of the source caches into block ``d`` of the destination caches for each ``(s, d)``
+        of ``pairs`` (a list of int pairs): the device <-> host copy of swapping and of a host KV tier."""
+        raise self._unsupported("copy_blocks_between")
+
     # --- block accounting --------------------------------------------------------------------------
     def block_manager(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False):
         """A fresh object with the ``refengine.BlockManager`` contract."""

@@ -79,6 +79,11 @@ class TritonImplementation(Implementation):
 
         return copy_blocks(*args, **kwargs)
 
+    def copy_blocks_between(self, src_k_cache, src_v_cache, dst_k_cache, dst_v_cache, pairs):
+        from pagedbench.refengine.kv.swap_copy import copy_blocks_between
+
+        copy_blocks_between([(src_k_cache, src_v_cache)], [(dst_k_cache, dst_v_cache)], pairs)
+
 
 @register("triton-batch-invariant")
 class TritonBatchInvariantImplementation(TritonImplementation):

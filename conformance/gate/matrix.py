@@ -35,6 +35,7 @@ PROPERTY_OF_MODULE = {
     "test_decode.py": "decode",
     "test_prefill.py": "prefill",
     "test_cache_ops.py": "cache ops",
+    "test_host_block_copy.py": "cache ops",
     "test_int64_offsets.py": "int64 offsets",
     "test_metamorphic.py": "metamorphic",
     "test_block_manager.py": "block manager",

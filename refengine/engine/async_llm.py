@@ -87,12 +87,14 @@ class EngineSnapshot:
     num_blocks: int
     block_size: int
     prefix_query_tokens: int  # cumulative
-    prefix_hit_tokens: int  # cumulative
+    prefix_hit_tokens: int  # cumulative, the device pool's cache
     num_preemptions: int  # cumulative
     num_prompt_tokens: int  # cumulative, requests accepted
     num_generated_tokens: int  # cumulative
     num_steps: int  # cumulative
     step_time_s: float  # cumulative wall time inside LLM.step
+    prefix_host_hit_tokens: int = 0  # cumulative, loaded from the prefix cache's host tier
+    prefix_computed_tokens: int = 0  # cumulative, looked up and served by neither tier
 
 
 class _Tracked:
@@ -350,7 +352,8 @@ class AsyncLLM:
             num_used_blocks=st.num_used_blocks, num_blocks=st.num_blocks, block_size=st.block_size,
             prefix_query_tokens=st.prefix_query_tokens, prefix_hit_tokens=st.prefix_hit_tokens,
             num_preemptions=st.num_preemptions, num_prompt_tokens=st.num_prompt_tokens,
-            num_generated_tokens=st.num_generated_tokens, num_steps=st.num_steps, step_time_s=self._step_time_s)
+            num_generated_tokens=st.num_generated_tokens, num_steps=st.num_steps, step_time_s=self._step_time_s,
+            prefix_host_hit_tokens=st.prefix_host_hit_tokens, prefix_computed_tokens=st.prefix_computed_tokens)
 
 
 def _deliver(items) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Sequence as Seq
 import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
+from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.engine.llm_arguments import (
     ALLOCATORS,
     FP8_BACKENDS,
@@ -43,6 +44,7 @@ from pagedbench.refengine.engine.llm_arguments import (
     PREEMPTION_MODES,
     poison_from_env,
 )
+from pagedbench.refengine.engine.llm_arguments import kv_offloading_bytes as _kv_offloading_bytes
 from pagedbench.refengine.engine.llm_arguments import positive as _positive
 from pagedbench.refengine.engine.llm_arguments import swap_space_bytes as _swap_space_bytes
 from pagedbench.refengine.engine.llm_arguments import tensor_parallel_size as _tensor_parallel_size
@@ -110,6 +112,14 @@ class LLM:
     ``stats.num_swap_fallbacks``). ``swap_space`` (GiB, default 4 as vLLM's) is allocated only in swap
     mode, as whole blocks (0, or less than a block: every preemption falls back to recompute); it is
     refused when larger than the host's available memory.
+
+    ``kv_offloading_size`` (GiB, vLLM's name; default 0: none; paged allocator with prefix caching): a host
+    tier of the prefix cache of that many GiB (whole blocks). A cached block evicted from the KV pool keeps
+    its KV there, keyed by its prefix hash, LRU; a prompt whose prefix misses the pool but hits the host is
+    loaded back (a copy in the step, before its forward) instead of computed. ``stats`` counts device hits
+    (``prefix_hit_tokens``), host hits (``prefix_host_hit_tokens``) and computed prompt tokens
+    (``prefix_computed_tokens``) apart. Refused when larger than the host's available memory (with
+    ``swap_space`` in swap mode), and with ``tensor_parallel_size > 1`` for now.
     """
 
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None,
@@ -119,11 +129,14 @@ class LLM:
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
                  poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
-                 tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4) -> None:
+                 tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4,
+                 kv_offloading_size: float = 0) -> None:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
         swap_bytes = _swap_space_bytes(preemption_mode, swap_space, allocator, self.tensor_parallel_size)
+        offload_bytes = _kv_offloading_bytes(kv_offloading_size, swap_bytes, preemption_mode, allocator,
+                                             enable_prefix_caching, self.tensor_parallel_size)
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:
@@ -184,9 +197,12 @@ class LLM:
                                        f"blocks (it would admit nothing), got {watermark_blocks}")
         self.allocator = allocator
         self.enable_prefix_caching = bool(enable_prefix_caching) and allocator == "paged"
+        num_host_blocks = offload_bytes // self.pool.bytes_per_block  # (less than a block: no tier)
+        self.offload_pool = HostBlockPool(self.pool, num_host_blocks) if num_host_blocks else None
         if allocator == "paged":
             self.block_manager = BlockManager(self.pool.num_blocks, self.block_size,
-                                              enable_prefix_caching=self.enable_prefix_caching)
+                                              enable_prefix_caching=self.enable_prefix_caching,
+                                              num_host_blocks=num_host_blocks)
         else:
             self.block_manager = ContiguousBlockManager(self.pool.num_blocks, self.block_size,
                                                         max_seq_len=self.max_model_len, policy="max")
@@ -213,6 +229,7 @@ class LLM:
             self.executor = start_tensor_parallel(model, self.model, self.pool, self.block_manager,
                                                   self.block_size, tp, seed=seed)
         self.executor.host_pool = self.host_pool
+        self.executor.offload_pool = self.offload_pool
         self.core = EngineCore(self.scheduler, self.executor, clock=WallClock(), can_fork=allocator == "paged",
                                seed=seed, make_generator=self.executor.make_generator,
                                rewind_generator=self.executor.rewind_generator)
@@ -473,7 +490,4 @@ class LLM:
         return None
 
     def _check_no_leak(self) -> None:
-        bm = self.block_manager
-        if bm.num_free_blocks != bm.num_blocks:
-            raise RuntimeError(f"KV block leak: {bm.num_blocks - bm.num_free_blocks} of {bm.num_blocks} "
-                               "blocks still held after generate")
+        check_no_leak(self.block_manager, self.scheduler)

@@ -40,6 +40,7 @@ class ModelExecutor:
         self.batch_invariant = batch_invariant
         self.logits_hook = None
         self.host_pool = None  # swap preemption's HostBlockPool (the LLM sets it in swap mode)
+        self.offload_pool = None  # the prefix cache's host tier, a HostBlockPool (kv_offloading_size)
         # the attention backend's per-step layout (the CPU backend's gather indices and masks), built here
         # so that it counts as host time; the model's forward then finds it built. None: no such step
         self.plan = getattr(getattr(model, "attention_backend", None), "plan", None)
@@ -116,16 +117,24 @@ class ModelExecutor:
         return self.model.forward(ids, pos, meta, self.kv_caches), meta
 
     def apply_swaps(self, out: SchedulerOutput) -> None:
-        """Apply the step's swaps: every swap-out first (a block it frees may be written by another table
-        this step), then every swap-in; both before the copy-on-write copies and the model."""
-        device, host = self.kv_caches, self.host_pool.kv_caches()
-        copy_blocks_between(device, host, [(s.src, s.dst) for s in out.swap_out])
-        copy_blocks_between(host, device, [(s.src, s.dst) for s in out.swap_in])
+        """Apply the step's copies between the pools, each kind in one batch: every swap-out and offload
+        store first (a device block they read may be written by another table this step: a swap-in, a
+        load, the forward), then every swap-in and offload load; all before the copy-on-write copies and
+        the model."""
+        device = self.kv_caches
+        if out.swap_out:
+            copy_blocks_between(device, self.host_pool.kv_caches(), [(s.src, s.dst) for s in out.swap_out])
+        if out.offload_store:
+            copy_blocks_between(device, self.offload_pool.kv_caches(), [(s.src, s.dst) for s in out.offload_store])
+        if out.swap_in:
+            copy_blocks_between(self.host_pool.kv_caches(), device, [(s.src, s.dst) for s in out.swap_in])
+        if out.offload_load:
+            copy_blocks_between(self.offload_pool.kv_caches(), device, [(s.src, s.dst) for s in out.offload_load])
 
     def apply_copies(self, out: SchedulerOutput) -> None:
         """Apply the step's swaps (:meth:`apply_swaps`), then its copy-on-write copies to the KV pool
         (before the model runs)."""
-        if out.swap_out or out.swap_in:
+        if out.swap_out or out.swap_in or out.offload_store or out.offload_load:
             self.apply_swaps(out)
         if out.copies:
             self.pool.copy_blocks([(c.src, c.dst) for c in out.copies])

@@ -23,9 +23,10 @@ class BlockSwap:
     """A block copied between the device pool and the host pool (swap preemption), every layer, K and V.
 
     In ``SchedulerOutput.swap_out`` ``src`` is a device block and ``dst`` a host block; in ``swap_in``
-    ``src`` is a host block and ``dst`` a device block. The executor applies the step's swap-outs first
-    (a block swapped out may be given to another table in the same step), then its swap-ins, then its
-    copy-on-write copies (a swapped-in sequence's first append may copy a block it brought back).
+    ``src`` is a host block and ``dst`` a device block; ``offload_store`` and ``offload_load`` (the prefix
+    cache's host tier, a host pool of its own) likewise. The executor applies, in order: swap-outs and
+    offload stores (they read device blocks the step may give to other tables), swap-ins and offload loads,
+    then copy-on-write copies (a swapped-in sequence's first append may copy a block it brought back).
     """
 
     src: int  # block id in the pool copied from
@@ -70,10 +71,15 @@ class SchedulerOutput:
     num_batched_tokens: int  # sum of the chunks' num_tokens
     swap_out: tuple[BlockSwap, ...] = ()  # (device -> host) copies, applied first
     swap_in: tuple[BlockSwap, ...] = ()  # (host -> device) copies, applied after the swap-outs
+    # the prefix cache's host tier: evicted cached blocks kept (device -> host, with the swap-outs) and host
+    # hits loaded back (host -> device, with the swap-ins, before anything reads them)
+    offload_store: tuple[BlockSwap, ...] = ()
+    offload_load: tuple[BlockSwap, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks and not self.swap_out and not self.swap_in
+        return (not self.chunks and not self.swap_out and not self.swap_in and not self.offload_store
+                and not self.offload_load)
 
 
 @dataclass(frozen=True, slots=True)

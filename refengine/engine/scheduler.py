@@ -38,6 +38,7 @@ import inspect
 import operator
 
 from pagedbench.refengine.engine import priority_order
+from pagedbench.refengine.engine.prefix_offload_steps import PrefixOffloadSteps
 from pagedbench.refengine.engine.schedule_plan import BlockCopy, ScheduledChunk, SchedulerOutput, StopRule
 from pagedbench.refengine.engine.sequence import Sequence, SequenceStatus
 from pagedbench.refengine.engine.step_update import StepUpdate
@@ -50,7 +51,7 @@ _PENDING_CHILDREN = operator.attrgetter("pending_children")
 __all__ = ["BlockCopy", "ScheduledChunk", "Scheduler", "SchedulerOutput", "StopRule"]
 
 
-class Scheduler(StepUpdate, SwapPreemption):
+class Scheduler(StepUpdate, SwapPreemption, PrefixOffloadSteps):
     """Plans steps over ``block_manager`` (a BlockManager or a ContiguousBlockManager).
 
     A sequence forks its ``pending_children`` when its prefill completes; the engine gives children to
@@ -100,6 +101,9 @@ class Scheduler(StepUpdate, SwapPreemption):
         self._forks: list[tuple[Sequence, list[Sequence]]] = []
         self._forking = False  # whether a sequence with children to fork was ever queued (see running_seats)
         self._init_swap(preemption_mode, host_allocator)
+        # the prefix cache's host tier: the manager plans its copies, the step carries them
+        # (engine/prefix_offload_steps.py)
+        self.offloading = getattr(block_manager, "host_tier", None) is not None
 
     # --- queue ---------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -122,6 +126,8 @@ class Scheduler(StepUpdate, SwapPreemption):
 
     def abort_all(self) -> None:
         """Drop every sequence: running ones give their blocks back; each ends with ``"abort"``."""
+        if self.offloading:  # (a step that failed outside the engine loop, as beam search's: its copies)
+            self.block_manager.undo_offload_step()
         for seq in (*self.running, *self.waiting, *(s for g in self.swapped for s in g.seqs)):
             self._end(seq)
         self._release_host_blocks()  # (between steps: the last one's swap-ins have run)
@@ -160,6 +166,8 @@ class Scheduler(StepUpdate, SwapPreemption):
         if self.preemption_mode == "swap":
             self._release_host_blocks()  # the last step's swap-ins have read them
             self._new_swap_step()
+        if self.offloading:
+            self.block_manager.commit_offload_step()  # (the last step's, if update did not: an idle step)
         copies: list[BlockCopy] = []
         preempted: list[int] = []
         budget = self.max_num_batched_tokens
@@ -178,6 +186,8 @@ class Scheduler(StepUpdate, SwapPreemption):
                 f"scheduler made no progress: {len(self.waiting)} waiting, {len(self.running)} running, "
                 f"{self.block_manager.num_free_blocks} free blocks (a request larger than the pool?)")
         self.peak_running = max(self.peak_running, len(self.running))
+        if self.offloading:
+            return self._output_with_offload(chunks, copies, preempted, self.max_num_batched_tokens - budget)
         return SchedulerOutput(tuple(chunks), tuple(copies), tuple(preempted),
                                self.max_num_batched_tokens - budget, tuple(self._swap_out), tuple(self._swap_in))
 

@@ -19,7 +19,7 @@ class LLMStats:
     mean_used_blocks: float  # mean over steps of blocks the tables hold (a shared block once)
     mean_table_blocks: float  # mean over steps of block-table entries (a shared block once per table)
     prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (re-admissions included)
-    prefix_hit_tokens: int  # of those, tokens served from the cache (not computed)
+    prefix_hit_tokens: int  # of those, tokens served from the device pool's cache (not computed)
     num_preemptions: int  # sequences preempted (recompute)
     num_steps: int  # engine steps run
     num_requests: int  # requests served
@@ -42,6 +42,13 @@ class LLMStats:
     num_swap_fallbacks: int = 0  # groups the host pool could not take: recompute-preempted instead
     num_swapped_out_blocks: int = 0  # blocks copied device -> host (a shared block once)
     num_swapped_in_blocks: int = 0  # blocks copied host -> device
+    # the prefix cache's host tier (kv_offloading_size): never summed into prefix_hit_tokens
+    prefix_host_hit_tokens: int = 0  # of prefix_query_tokens, tokens loaded from the host tier (not computed)
+    num_host_blocks: int = 0  # blocks of the host tier
+    num_host_cached_blocks: int = 0  # host blocks holding an evicted prefix block's KV now
+    num_offloaded_blocks: int = 0  # evicted cached blocks copied device -> host
+    num_loaded_blocks: int = 0  # host hits copied host -> device
+    num_host_evictions: int = 0  # host entries evicted (LRU) to make room
 
     def __str__(self) -> str:
         """The figures a reader looks for first, throughput included (``repr`` has every field)."""
@@ -50,7 +57,9 @@ class LLMStats:
                 f"{self.elapsed_s:.2f} s over {self.num_steps} steps: input {self.input_tokens_per_s:.1f} tok/s, "
                 f"output {self.output_tokens_per_s:.1f} tok/s; KV pool {self.num_blocks} blocks x "
                 f"{self.block_size}, peak {self.peak_used_blocks} used, prefix hit rate "
-                f"{self.prefix_hit_rate:.1%}, {self.num_preemptions} preemptions, "
+                f"{self.prefix_hit_rate:.1%}, "
+                + (f"host hits {self.prefix_host_hit_tokens} tokens, " if self.num_host_blocks else "")
+                + f"{self.num_preemptions} preemptions, "
                 + (f"{self.num_failed_steps} failed steps, " if self.num_failed_steps else "")
                 + f"mean batch "
                 f"{self.mean_running_seqs:.1f} (peak {self.peak_running_seqs}))")
@@ -70,6 +79,11 @@ class LLMStats:
     def output_tokens_per_s(self) -> float:
         """Sampled tokens per elapsed second (0 before any generate)."""
         return self.num_generated_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def prefix_computed_tokens(self) -> int:
+        """Prompt tokens looked up that neither tier served, so computed (recomputed ones included)."""
+        return self.prefix_query_tokens - self.prefix_hit_tokens - self.prefix_host_hit_tokens
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -146,4 +160,8 @@ class StatsRecorder:
             num_swap_fallbacks=getattr(scheduler, "num_swap_fallbacks", 0),
             num_swapped_out_blocks=getattr(scheduler, "num_swapped_out_blocks", 0),
             num_swapped_in_blocks=getattr(scheduler, "num_swapped_in_blocks", 0),
+            prefix_host_hit_tokens=getattr(m, "prefix_host_hit_tokens", 0),
+            num_host_blocks=getattr(m, "host_blocks", 0), num_host_cached_blocks=getattr(m, "host_cached_blocks", 0),
+            num_offloaded_blocks=getattr(m, "host_stored_blocks", 0),
+            num_loaded_blocks=getattr(m, "host_loaded_blocks", 0), num_host_evictions=getattr(m, "host_evictions", 0),
         )

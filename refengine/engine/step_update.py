@@ -37,6 +37,8 @@ class StepUpdate:
         publish = self.prefix_caching
         if self._host_release:  # the step ran: its swap-ins have read these host blocks
             self._release_host_blocks()
+        if self.offloading:  # the step ran: its host-tier copies too
+            bm.commit_offload_step()
         finished: list[Sequence] = []
         used = 0  # tokens of ``sampled`` taken: each must belong to a sequence that sampled
         eos, max_len = self.stop.eos_token_ids, self.stop.max_model_len
@@ -108,12 +110,16 @@ class StepUpdate:
 
         With swap preemption, groups the step swapped out and sequences it swapped in (with or without
         a chunk) are recompute-preempted too, and their host blocks released: their copies may not have
-        run (``engine/swap_preemption.py``).
+        run (``engine/swap_preemption.py``). With the prefix cache's host tier, the entries the step
+        stored are dropped, the blocks it loaded unpublished and every sequence holding one
+        recompute-preempted (``engine/prefix_offload_steps.py``).
         """
         plan, forks = self._plan, self._forks
         self._plan, self._forks = [], []
         bm = self.block_manager
         touched = {id(c.seq) for c in plan}
+        if self.offloading:  # before the tables are freed: the blocks it loaded are unpublished while held
+            self._undo_offload(touched)
         for parent, children in forks:
             for child in children:
                 touched.add(id(child))

@@ -29,6 +29,10 @@ so that a prefix hit takes one from the middle), which stay reusable by a prefix
 block is taken from the uncached queue first (FIFO); only when it is empty is the least recently freed
 cached block evicted. A freed sequence's blocks are queued tail first, so a chain's tail is evicted
 before its head. Every failed call raises before changing anything.
+
+With a host tier (``num_host_blocks``), an evicted cached block's KV goes to host memory under its hash and
+a prompt's lookup continues there where the device misses; such a block is loaded back into a fresh device
+block rather than computed (:mod:`refengine.kv.prefix_offload`, :mod:`refengine.kv.host_tier`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ from pagedbench.refengine.kv.block_manager_checks import (
 )
 from pagedbench.refengine.kv.decode_rounds import DecodeRounds
 from pagedbench.refengine.kv.free_block_queue import FifoBlockQueue, FreeBlockQueue, KVBlock
+from pagedbench.refengine.kv.host_tier import HostPrefixTier
 from pagedbench.refengine.kv.prefix_cache import PrefixCache
+from pagedbench.refengine.kv.prefix_offload import PrefixOffload
 from pagedbench.refengine.kv.swap_tables import SwapTables
 from pagedbench.refengine.kv.table_growth import TableGrowth
 from pagedbench.refengine.kv.token_checks import (
@@ -106,18 +112,30 @@ class AllocationPreview:
     num_hit_blocks: int  # its leading blocks the prefix cache would serve (0 without prefix caching)
 
 
-class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
-    """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring)."""
+class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables, PrefixOffload):
+    """Block tables over a pool of ``num_blocks`` blocks of ``block_size`` token slots (module docstring).
+
+    ``num_host_blocks`` > 0 (prefix caching only) adds the prefix cache's host tier: evicted cached blocks
+    keep their KV in that many host blocks and prefix hits there are loaded back
+    (:mod:`refengine.kv.prefix_offload`); its copies are read with :meth:`take_offload_copies`."""
 
     __slots__ = ("_block_size", "_blocks", "_cache", "_cached", "_copy_on_write_copies", "_evictions",
-                 "_failed_allocations", "_forks", "_free", "_live_tokens", "_next_content_id", "_num_blocks",
-                 "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs", "_table_blocks", "_twins",
-                 "enable_prefix_caching")
+                 "_failed_allocations", "_forks", "_free", "_host", "_host_hit_tokens", "_live_tokens",
+                 "_next_content_id", "_num_blocks", "_prefix_hit_tokens", "_prefix_query_tokens", "_seqs",
+                 "_table_blocks", "_twins", "enable_prefix_caching")
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = False,
+                 num_host_blocks: int = 0) -> None:
         self._num_blocks = checked_positive_int("num_blocks", num_blocks)
         self._block_size = checked_positive_int("block_size", block_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
+        if isinstance(num_host_blocks, bool) or not isinstance(num_host_blocks, int) or num_host_blocks < 0:
+            raise InvalidArgumentError(f"num_host_blocks must be an int >= 0, got {num_host_blocks!r}")
+        if num_host_blocks and not self.enable_prefix_caching:
+            raise InvalidArgumentError(f"num_host_blocks={num_host_blocks} is a host tier of the prefix cache: "
+                                       "it needs enable_prefix_caching=True")
+        self._host = HostPrefixTier(num_host_blocks) if num_host_blocks else None
+        self._host_hit_tokens = 0  # prompt tokens served from the host tier (loaded, not computed)
         self._blocks = [KVBlock(i) for i in range(self._num_blocks)]
         self._free = FifoBlockQueue(self._blocks)  # free blocks holding no cached KV, FIFO
         self._cached = FreeBlockQueue()  # free blocks holding published KV, LRU first (evictable)
@@ -203,13 +221,17 @@ class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
                 f"{len(hits)} cached blocks reused)"
                 + (f" and {reserve_free_blocks} kept free," if reserve_free_blocks else "")
                 + f" but only {available} are free")
-        revived = 0  # cached hits no table held: their tokens become live again
-        for b in hits:
-            if b.ref_count == 0:
-                self._cached.remove(b)
-                revived += 1
-            b.ref_count += 1
-        blocks = hits + self._take_fresh_many(num_fresh)
+        num_loaded = 0
+        if self._host is None or not hits:
+            revived = 0  # cached hits no table held: their tokens become live again
+            for b in hits:
+                if b.ref_count == 0:
+                    self._cached.remove(b)
+                    revived += 1
+                b.ref_count += 1
+            blocks = hits + self._take_fresh_many(num_fresh)
+        else:
+            blocks, revived, num_loaded = self._take_tier_hits(hits, num_fresh)
         self._live_tokens += len(tokens) - (len(hits) - revived) * bs
         self._table_blocks += len(blocks)
         num_computed = len(tokens) if publish else len(hits) * bs
@@ -217,7 +239,8 @@ class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
         self._seqs[seq_id] = seq
         if self.enable_prefix_caching:
             self._prefix_query_tokens += len(tokens)
-            self._prefix_hit_tokens += len(hits) * bs
+            self._prefix_hit_tokens += (len(hits) - num_loaded) * bs
+            self._host_hit_tokens += num_loaded * bs
             if publish:
                 self._publish(seq, len(tokens) // bs)
         return len(hits) * bs
@@ -349,7 +372,8 @@ class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
     def __repr__(self) -> str:
         return (f"BlockManager(num_blocks={self._num_blocks}, block_size={self._block_size}, "
                 f"prefix_caching={self.enable_prefix_caching}, sequences={len(self._seqs)}, "
-                f"free={self.num_free_blocks}, cached={len(self._cached)})")
+                f"free={self.num_free_blocks}, cached={len(self._cached)}"
+                + (f", host_blocks={self._host.num_blocks}, host_cached={len(self._host)})" if self._host else ")"))
 
     # --- internals -------------------------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Sequence:
@@ -411,11 +435,19 @@ class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
         hits: list[KVBlock] = []
         chain_hash = chain_key = None
         if self.enable_prefix_caching:
-            hits, chain_hash, chain_key = self._lookup(tokens, salt)
+            if self._host is None:
+                hits, chain_hash, chain_key = self._lookup(tokens, salt)
+            else:  # (hits on the host tier are HostEntry objects, each needing a fresh block)
+                hits, chain_hash, chain_key = self._lookup_tiers(tokens, salt)
         num_fresh = -(-len(tokens) // self._block_size) - len(hits)
         available = self._free.length + self._cached.length
         if hits:
-            available -= sum(1 for b in hits if b.ref_count == 0)
+            if self._host is None:
+                available -= sum(1 for b in hits if b.ref_count == 0)
+            else:
+                num_host, num_revived = self._tier_needs(hits)
+                num_fresh += num_host
+                available -= num_revived
         return hits, chain_hash, chain_key, num_fresh, available
 
     def _take_fresh_many(self, n: int) -> list[KVBlock]:
@@ -427,22 +459,14 @@ class BlockManager(TableGrowth, PrefixCache, DecodeRounds, SwapTables):
             return [self._take_fresh() for _ in range(n)]
 
     def _take_fresh(self) -> KVBlock:
-        """A block for new KV (ref count 1): uncached first, else evict the LRU cached block."""
+        """A block for new KV (ref count 1): uncached first, else evict the LRU cached block (into the host
+        tier, if there is one)."""
         if self._free:
             b = self._free.popleft()
         else:
             b = self._cached.popleft()
-            h = b.block_hash
-            twins = self._twins.get(h)
-            if self._cache[h] is b:
-                if twins:
-                    self._cache[h] = twins.pop()
-                else:
-                    del self._cache[h]
-            else:
-                twins.remove(b)
-            if twins is not None and not twins:
-                del self._twins[h]
+            if self._unmap(b) and self._host is not None:  # its hash left the device: the host keeps it
+                self._host.store(b)
             b.clear_cache_entry()
             self._evictions += 1
         b.ref_count = 1

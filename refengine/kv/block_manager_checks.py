@@ -11,7 +11,9 @@ Invariants :func:`check_invariants` verifies, each named in the AssertionError i
   publishes no block before its tokens are computed;
 * ``cache map``: every entry maps its hash to a block carrying that hash, the hash is reproduced by the
   block's parent hash and tokens, every published block is in the map, content ids are unique;
-* ``cached tokens``: a published block held by a table carries exactly that table's tokens there.
+* ``cached tokens``: a published block held by a table carries exactly that table's tokens there;
+* ``host tier`` (with one): its own accounting and hashes (HostPrefixTier.check); a hash on both tiers
+  with the same tokens and parent has one content id; a block loaded in the step in flight is published.
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ class BlockManagerMetrics:
     copy_on_write_copies: int  # (src, dst) copies reported by append_token
     forks: int  # successful fork() calls
     failed_allocations: int  # allocate() calls rejected with OutOfBlocksError
+    # the prefix cache's host tier (0 without one); hits there are never counted in prefix_hit_tokens
+    prefix_host_hit_tokens: int = 0  # of prefix_query_tokens, tokens loaded from the host tier
+    host_blocks: int = 0  # blocks of the host tier
+    host_cached_blocks: int = 0  # host blocks holding an evicted block's KV
+    host_stored_blocks: int = 0  # device -> host copies (evicted blocks kept), committed steps
+    host_loaded_blocks: int = 0  # host -> device copies (host hits), committed steps
+    host_evictions: int = 0  # host entries evicted (LRU) to make room
+    host_dropped_stores: int = 0  # evicted device blocks the host tier could not take (all pinned)
+
+    @property
+    def prefix_computed_tokens(self) -> int:
+        """Prompt tokens looked up and served by neither tier: computed."""
+        return self.prefix_query_tokens - self.prefix_hit_tokens - self.prefix_host_hit_tokens
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -71,8 +86,18 @@ def compute_metrics(bm: BlockManager) -> BlockManagerMetrics:
         live_tokens=live, allocated_slots=used * bs, internal_fragmentation_slots=used * bs - live,
         prefix_query_tokens=bm._prefix_query_tokens, prefix_hit_tokens=bm._prefix_hit_tokens,
         evictions=bm._evictions, copy_on_write_copies=bm._copy_on_write_copies, forks=bm._forks,
-        failed_allocations=bm._failed_allocations,
+        failed_allocations=bm._failed_allocations, **_host_metrics(bm),
     )
+
+
+def _host_metrics(bm: BlockManager) -> dict[str, int]:
+    host = bm._host
+    if host is None:
+        return {}
+    return dict(prefix_host_hit_tokens=bm._host_hit_tokens, host_blocks=host.num_blocks,
+                host_cached_blocks=len(host), host_stored_blocks=host.num_stored_blocks,
+                host_loaded_blocks=host.num_loaded_blocks, host_evictions=host.num_evictions,
+                host_dropped_stores=host.num_dropped_stores)
 
 
 def _fail(invariant: str, detail: str) -> None:
@@ -86,6 +111,8 @@ def check_invariants(bm: BlockManager) -> None:
     _check_tables(bm)
     _check_blocks(bm)
     _check_cache_map(bm)
+    if bm._host is not None:
+        _check_host_tier(bm)
     live = compute_metrics(bm).live_tokens
     if bm.num_live_tokens != live:
         _fail("live tokens", f"the running count says {bm.num_live_tokens}, the tables hold {live}")
@@ -160,3 +187,21 @@ def _check_cache_map(bm: BlockManager) -> None:
                            f"and {num_twins} twins")
     if len({b.content_id for b in published}) != len(bm._cache):
         _fail("cache map", "two published blocks with different KV share a content id")
+
+
+def _check_host_tier(bm: BlockManager) -> None:
+    host = bm._host
+    try:
+        host.check()
+    except AssertionError as e:
+        _fail("host tier", str(e))
+    for h in host.hashes():
+        e, b = host.get(h), bm._cache.get(h)
+        if b is not None and b.token_ids == e.token_ids and b.parent_key == e.parent_key \
+                and b.content_id != e.content_id:
+            _fail("host tier", f"hash {h.hex()[:12]} has content id {b.content_id} on the device and "
+                               f"{e.content_id} on the host")
+    for b in host._loaded:
+        if b.block_hash is not None and b is not bm._cache.get(b.block_hash) \
+                and b not in bm._twins.get(b.block_hash, ()):
+            _fail("host tier", f"block {b.block_id}, loaded in the step in flight, is not in the cache map")

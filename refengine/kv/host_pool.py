@@ -34,19 +34,27 @@ def available_host_memory_bytes() -> int | None:
     return int(psutil.virtual_memory().available)
 
 
+def checked_host_space_bytes(name: str, gib: object, available: int | None, *, also_bytes: int = 0,
+                             also: str = "") -> int:
+    """``gib`` (the argument ``name``, GiB, an int or float >= 0) in bytes, refused when it is not a finite
+    number >= 0 or when it and ``also_bytes`` (another host pool, named ``also``) together are more than
+    ``available`` bytes (None: not checked)."""
+    if isinstance(gib, bool) or not isinstance(gib, (int, float)):
+        raise InvalidArgumentError(f"{name} must be a number of GiB >= 0, got {type(gib).__name__} {gib!r}")
+    if not gib >= 0 or gib == float("inf"):  # (NaN fails the first test)
+        raise InvalidArgumentError(f"{name} must be a finite number of GiB >= 0, got {gib!r}")
+    size = int(gib * GIB)
+    if available is not None and size + also_bytes > available:
+        beside = f" (beside {also}'s {also_bytes:,})" if also_bytes else ""
+        raise InsufficientMemoryError(f"{name}={gib} GiB needs {size:,} bytes of host memory{beside} but "
+                                      f"only {available:,} bytes are available")
+    return size
+
+
 def checked_swap_space_bytes(swap_space: object, available: int | None) -> int:
     """``swap_space`` (GiB, an int or float >= 0) in bytes, refused when it is not a finite number >= 0
     or more than ``available`` bytes (None: not checked)."""
-    if isinstance(swap_space, bool) or not isinstance(swap_space, (int, float)):
-        raise InvalidArgumentError(f"swap_space must be a number of GiB >= 0, got {type(swap_space).__name__} "
-                                   f"{swap_space!r}")
-    if not swap_space >= 0 or swap_space == float("inf"):  # (NaN fails the first test)
-        raise InvalidArgumentError(f"swap_space must be a finite number of GiB >= 0, got {swap_space!r}")
-    size = int(swap_space * GIB)
-    if available is not None and size > available:
-        raise InsufficientMemoryError(f"swap_space={swap_space} GiB needs {size:,} bytes of host memory but "
-                                      f"only {available:,} bytes are available")
-    return size
+    return checked_host_space_bytes("swap_space", swap_space, available)
 
 
 class HostBlockPool:

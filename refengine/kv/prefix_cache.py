@@ -69,8 +69,12 @@ class PrefixCache:
             if existing is None:
                 b = seq.blocks[i]
                 b.block_hash, b.parent_hash, b.token_ids, b.parent_key = nh, h, chunk, key
-                b.content_id = self._next_content_id
-                self._next_content_id += 1
+                adopted = None if self._host is None else self._host_content_id(nh, chunk, key)
+                if adopted is None:
+                    b.content_id = self._next_content_id
+                    self._next_content_id += 1
+                else:  # the host tier holds this KV: one content id, so chains across the tiers verify
+                    b.content_id = adopted
                 cache[nh] = b
                 key = b.content_id
             elif existing.token_ids == chunk and existing.parent_key == key:

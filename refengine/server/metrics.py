@@ -11,6 +11,9 @@ scrape (taken between two steps by the engine thread):
 ``pagedbench:kv_cache_used_blocks``        gauge      used KV blocks (ours; vLLM gives the fraction only)
 ``pagedbench:prefix_cache_queries_total``  counter    prompt tokens looked up in the prefix cache
 ``pagedbench:prefix_cache_hits_total``     counter    of those, tokens served from it (hit rate = ratio)
+``pagedbench:prefix_cache_host_hits_total``  counter  of those, tokens loaded from its host tier (ours;
+                                                      never in ``prefix_cache_hits``)
+``pagedbench:prefix_cache_computed_total``   counter  of those, tokens neither tier served (ours)
 ``pagedbench:num_preemptions_total``       counter    sequences preempted (recompute)
 ``pagedbench:prompt_tokens_total``         counter    prompt tokens of accepted requests
 ``pagedbench:generation_tokens_total``     counter    tokens sampled
@@ -73,6 +76,10 @@ class _EngineCollector:
         yield gauge("kv_cache_used_blocks", "KV-cache blocks held by sequences.", s.num_used_blocks)
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_query_tokens)
         yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", s.prefix_hit_tokens)
+        yield counter("prefix_cache_host_hits", "Prompt tokens loaded from the prefix cache's host tier.",
+                      s.prefix_host_hit_tokens)
+        yield counter("prefix_cache_computed", "Prompt tokens looked up that neither cache tier served.",
+                      s.prefix_computed_tokens)
         yield counter("num_preemptions", "Cumulative number of preemptions from the engine.", s.num_preemptions)
         yield counter("prompt_tokens", "Number of prefill tokens of accepted requests.", s.num_prompt_tokens)
         yield counter("generation_tokens", "Number of generation tokens processed.", s.num_generated_tokens)
