@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
+
+from pagedbench.bench.common import run_times
+from pagedbench.bench.common.environment import RESULTS_DIR
 
 #: each study by the name ``--only`` and ``python -m pagedbench.bench NAME`` know it -> its module
 STUDY_MODULES = {
@@ -34,6 +38,13 @@ COMMANDS = {**STUDY_MODULES, "prepare-model": "prepare_model", "gpu-check": "gpu
             "server_overhead": "studies.server_overhead.study", "headline": "headline"}
 
 
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in COMMANDS:  # one study or command, with its own arguments
@@ -45,12 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=STUDIES, help="run only this study (repeatable)")
     parser.add_argument("--full", action="store_true", help="the larger sweeps (configs' `full` sections)")
     args = parser.parse_args(argv)
+    times: dict[str, float] = {}
+    loads = [_load_average()]
     for name in args.only or STUDIES:
         print(f"\n=== bench: {name} ===", flush=True)
         start = time.perf_counter()
         module = importlib.import_module(f"pagedbench.bench.{STUDY_MODULES[name]}")
         module.main(["--full"] if args.full else [])
-        print(f"=== {name}: {time.perf_counter() - start:.1f} s ===", flush=True)
+        times[name] = time.perf_counter() - start
+        loads.append(_load_average())
+        print(f"=== {name}: {times[name]:.1f} s ===", flush=True)
+    if not args.only:  # a whole run: how long make bench (or bench-full) took, study by study
+        run_times.write(RESULTS_DIR, "bench-full" if args.full else "bench", times, loads)
     # the one-screen page, from whatever records the studies (this run's and earlier ones) left
     importlib.import_module("pagedbench.bench.headline").main([])
     return 0
