@@ -85,8 +85,11 @@ class TpGlobalKvHead(_Mutant):
     breaks = "tensor_parallel"
 
     def _addressed(self, cache):
-        head_slice = cache.stride(3) == 1 and cache.stride(2) == cache.shape[3] and (
-            cache.stride(1) > cache.shape[2] * cache.stride(2))  # a slot holds more heads than the view
+        # some heads of a dense cache of more heads: blocks block_size slots apart, each slot whole heads,
+        # more of them than the view has
+        _, bs, h, d = cache.shape
+        head_slice = (cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(0) == bs * cache.stride(1)
+                      and cache.stride(1) % d == 0 and cache.stride(1) > h * d)
         if not head_slice:
             return cache
         into_slot = cache.storage_offset() % cache.stride(1)
