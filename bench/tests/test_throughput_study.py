@@ -53,6 +53,11 @@ def test_records_and_report(loaded, tmp_path):
     assert "| a " in text and "## Prefix sharing" in text and "## Parallel sampling" in text
     write_plot(result, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+    from pagedbench.bench.studies.throughput.study import main
+
+    (tmp_path / "throughput.json").write_text(json.dumps(result))
+    main(["--render-only", "--out", str(tmp_path)])  # the page again from the record, nothing run
+    assert (tmp_path / "throughput.md").read_text() == text
 
 
 def test_paged_over_contiguous_per_model_against_the_aim():

@@ -246,9 +246,10 @@ def tensor_parallel_reading(part: dict) -> str:
         "projections; gloo over the loopback, each timed from its call to its return, which includes waiting "
         "for rank 1 to reach it), and its forward and LM head, all-reduces included, took "
         f"{two['model_share_of_step']:.0%} of the step against {one['model_share_of_step']:.0%} at tp=1. "
-        f"The machine has {cores} cores; each rank ran {threads} torch thread(s), so tp=2's two ranks had a "
-        f"core each only when nothing else ran: the 1-minute load average was {min(loads):.1f}-{max(loads):.1f} "
-        "during these runs (before -> after each best run in the table)."
+        f"The machine has {cores} cores and each rank was given {threads} torch thread(s) (OMP_NUM_THREADS), so "
+        "tp=2 halves each rank's matmuls but adds the all-reduces and rank 1's step broadcast, and its two "
+        "ranks each have a core only when nothing else runs: the 1-minute load average was "
+        f"{min(loads):.1f}-{max(loads):.1f} around the best runs (the table: before -> after each)."
     )
 
 

@@ -211,7 +211,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--only-tensor-parallel", action="store_true",
                         help="run the tensor-parallel rows alone and write them into the existing "
                              "throughput.json (which keeps its other records, each part with its environment)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-render throughput.md and .png from the existing throughput.json (nothing is run)")
     args = parser.parse_args(argv)
+    if args.render_only:
+        _write(json.loads((args.out / "throughput.json").read_text()), args.out)
+        return
     cfg = load_config(args.full)
     if cfg["torch_threads"]:
         torch.set_num_threads(int(cfg["torch_threads"]))
