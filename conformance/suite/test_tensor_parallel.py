@@ -27,8 +27,9 @@ from pagedbench.conformance.gate.refusal import call_or_refused
 
 NUM_HEADS = 8
 SHARDINGS = [shards.Sharding(NUM_HEADS, kv, n) for kv in (2, 4, 8) for n in (2, 4) if kv % n == 0]
-DECODE = AttentionCase("decode", block_size=8, seq_lens=(21, 3, 40), num_heads=NUM_HEADS, num_kv_heads=2,
-                       head_dim=32, dtype="fp32", query="peaky")
+#: blocks of 16 and fp16, which every peer adapter takes (vLLM's kernels want blocks of 16k, some fp16 or bf16)
+DECODE = AttentionCase("decode", block_size=16, seq_lens=(21, 3, 40), num_heads=NUM_HEADS, num_kv_heads=2,
+                       head_dim=32, dtype="fp16", query="peaky")
 FIRST_PROMPT = vary(DECODE, op="prefill", seq_lens=(13, 3, 9))
 CACHED_PREFIX = vary(DECODE, op="prefill", q_lens=(5, 1, 9))
 
