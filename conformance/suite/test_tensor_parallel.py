@@ -98,10 +98,10 @@ def _chunk_slots(x: builders.PagedInputs) -> torch.Tensor:
     return torch.tensor(slots, dtype=torch.int64, device=x.k_cache.device)
 
 
-def _write_rank(impl, sharding, rank, new, caches, slots, context) -> None:
+def _write_rank(impl, sharding, rank, new, caches, slots, context) -> bool:
     """Rank ``rank``'s ``write_kv`` of its heads of ``new`` (K and V ``[T, Hkv, D]``) into ``caches``; where
     the implementation has none or refuses the view clearly, the suite writes them (after checking that
-    the refusal changed nothing) and the write is left unchecked."""
+    the refusal changed nothing) and the write is left unchecked. Whether the implementation wrote."""
     heads = sharding.kv_heads(rank)
     k, v = (t[:, heads].contiguous() for t in new)
     before = [c.clone() for c in caches]
@@ -113,6 +113,8 @@ def _write_rank(impl, sharding, rank, new, caches, slots, context) -> None:
         capabilities.note_unchecked("write_kv")
         for c, t in zip(caches, (k, v)):
             c.view(-1, *c.shape[2:])[slots] = t  # a view of a view: the shard's own slots
+        return False
+    return True
 
 
 @pytest.mark.parametrize("case,sharding,pool", STEPS, ids=_ids(STEPS))
@@ -120,7 +122,8 @@ def test_a_step_on_every_rank(impl, case, sharding, pool):
     """A chunk over a cached prefix as each rank runs it: the chunk's K/V heads written into the rank's
     shard by its ``write_kv`` (the same slot mapping on every rank), which must then hold exactly what
     the unsharded cache holds in its heads (and, in a shared cache, leave the other ranks' heads alone),
-    then the chunk's attention over the shard, judged as in the test above."""
+    then the chunk's attention over the shard, judged as in the test above. An implementation with one
+    of the two is judged on it (the other left unchecked); with neither, the step is not supported."""
     capabilities.require(impl, _rank_case(case, sharding))
     x = builders.build(case, impl.device)
     slots = _chunk_slots(x)
@@ -129,11 +132,11 @@ def test_a_step_on_every_rank(impl, case, sharding, pool):
     for c in whole:
         c.view(-1, *c.shape[2:])[slots] = math.nan
     context = f"{case.id},{sharding.id},{pool}"
-    pristine, caches = [c.clone() for c in whole], []
+    pristine, caches, wrote = [c.clone() for c in whole], [], False
     for rank in range(sharding.world_size):
         mine = [shards.shard_cache(c, sharding, rank, pool) for c in whole]
         where = f"{context},write_kv on rank {rank} of {sharding.world_size}"
-        _write_rank(impl, sharding, rank, new, mine, slots, where)
+        wrote |= _write_rank(impl, sharding, rank, new, mine, slots, where)
         heads = sharding.kv_heads(rank)
         for got, want, name in zip(mine, (x.k_cache, x.v_cache), ("k_cache", "v_cache")):
             checks.assert_bitwise_equal(got, want[:, :, heads], what=f"{name} of the rank", context=where)
@@ -143,4 +146,9 @@ def test_a_step_on_every_rank(impl, case, sharding, pool):
                 want.view(-1, *want.shape[2:])[slots, : heads.stop] = t[:, : heads.stop]
             checks.assert_bitwise_equal(got, want, what=f"the whole {name} (every rank's heads)", context=where)
         caches.append(tuple(mine))
-    attend_on_every_rank(impl, case, sharding, x, caches, builders.expected(case, x), context)
+    try:
+        attend_on_every_rank(impl, case, sharding, x, caches, builders.expected(case, x), context)
+    except pytest.skip.Exception:
+        if not wrote:
+            raise
+        capabilities.note_unchecked("attention")  # its writes were judged, and passed
