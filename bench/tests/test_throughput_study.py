@@ -53,6 +53,11 @@ def test_records_and_report(loaded, tmp_path):
     assert "| a " in text and "## Prefix sharing" in text and "## Parallel sampling" in text
     write_plot(result, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+    from pagedbench.bench.studies.throughput.study import main
+
+    (tmp_path / "throughput.json").write_text(json.dumps(result))
+    main(["--render-only", "--out", str(tmp_path)])  # the page again from the record, nothing run
+    assert (tmp_path / "throughput.md").read_text() == text
 
 
 def test_paged_over_contiguous_per_model_against_the_aim():
@@ -87,3 +92,30 @@ def test_every_run_reports_its_host_share_of_step(loaded):
     share = records[0]["figures"]["host_share_of_step"]
     assert 0.0 < share < 1.0
     assert "forward" not in vars(loaded.model) and "compute_logits" not in vars(loaded.model)  # restored
+
+
+TINY_TP = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64)
+
+
+def test_tensor_parallel_rows_alternate_sizes_and_check_tokens(tmp_path):
+    from pagedbench.bench.common.environment import environment
+    from pagedbench.bench.studies.throughput.report import tensor_parallel_section
+    from pagedbench.bench.studies.throughput.tensor_parallel import study_tensor_parallel
+    from pagedbench.refengine import ModelConfig
+
+    model_cfg = ModelConfig.from_dict(TINY_TP)
+    cfg = dict(CFG, dtype="float32", torch_threads=1)
+    records = study_tensor_parallel(model_cfg, cfg, Workload("t", "alpaca", 0.25, 6), [1, 2], 1, "tiny-test")
+    one, two = records
+    assert [r["implementation"]["tensor_parallel_size"] for r in records] == [1, 2]
+    assert one["validity"]["valid"] and two["validity"]["valid"]  # greedy tokens equal request by request
+    f1, f2 = one["figures"], two["figures"]
+    assert f1["num_generated_tokens"] == f2["num_generated_tokens"] > 0 and f1["num_steps"] == f2["num_steps"]
+    assert f1["num_all_reduces"] == 0 and f1["all_reduce_share_of_step"] == 0
+    # rank 0 all-reduces twice per layer per step (attention out and MLP down projections)
+    assert f2["all_reduces_per_step"] == 2 * TINY_TP["num_hidden_layers"]
+    assert 0 < f2["all_reduce_share_of_step"] < f2["model_share_of_step"] <= 1
+    text = "\n".join(tensor_parallel_section({"tensor_parallel": {"environment": environment(), "records": records}}))
+    assert "rank 0 all-reduce share" in text and "tp=2 / tp=1 generated tokens/s" in text
+    assert "all-reduces per step" in text

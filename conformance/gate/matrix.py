@@ -53,6 +53,7 @@ PROPERTY_OF_MODULE = {
     "test_strided_layouts.py": "strided views",
     "test_batch_positions.py": "every batch index",
     "test_layer_packed_cache.py": "layer-packed cache",
+    "test_tensor_parallel.py": "tensor-parallel shards",
 }
 PROPERTIES = (
     "decode",
@@ -71,6 +72,7 @@ PROPERTIES = (
     "strided views",
     "every batch index",
     "layer-packed cache",
+    "tensor-parallel shards",
 )
 CLASSES = ("pass", "fail", "not supported", "crashed", "bf16 (interpreter)")
 VERDICTS = ("rejects", "accepts-invalid", "wrong-error", "crashes", "check-failed")

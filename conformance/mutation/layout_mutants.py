@@ -1,6 +1,7 @@
 """Mutants of the bug classes of 2025-26 that each need a family of their own to be seen: an fp8 scale
 dropped on one path, a plan reused across a stride change, a batch judged as if it were uniform from its
-last sequences, and a layer's offset into a layer-packed cache kept in 32 bits.
+last sequences, a layer's offset into a layer-packed cache kept in 32 bits, and a tensor-parallel rank's KV
+heads numbered globally.
 
 Each overrides one hook of ``mutants.ControlImplementation`` and is right on every case the older families
 build (``test_mutants`` runs each against the part of the suite in its ``breaks``; the older parts pass
@@ -71,3 +72,25 @@ class LayerOffset32Bit(_Mutant):
 
     def _view_offset(self, cache):
         return int(torch.tensor(cache.storage_offset(), dtype=torch.int64) % 2**32)
+
+
+@register("mutant-tp-global-kv-head")
+class TpGlobalKvHead(_Mutant):
+    """Numbers a cache view's KV heads globally, from the first head of each slot of the allocation (the
+    model's head numbering) rather than from the view's first head: query head h reads the slot's KV head
+    h // group. Right wherever a view's heads start at its slot's first head (every layout of the other
+    families, every rank's own pool) and on rank 0 of a cache all ranks share; on rank r > 0 of such a
+    cache, whose view starts r * Hkv/N heads into each slot, it reads rank 0's heads."""
+
+    breaks = "tensor_parallel"
+
+    def _addressed(self, cache):
+        # some heads of a dense cache of more heads: blocks block_size slots apart, each slot whole heads,
+        # more of them than the view has
+        _, bs, h, d = cache.shape
+        head_slice = (cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(0) == bs * cache.stride(1)
+                      and cache.stride(1) % d == 0 and cache.stride(1) > h * d)
+        if not head_slice:
+            return cache
+        into_slot = cache.storage_offset() % cache.stride(1)
+        return cache.as_strided(cache.shape, cache.stride(), cache.storage_offset() - into_slot)

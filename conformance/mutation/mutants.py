@@ -60,6 +60,10 @@ class ControlImplementation(Implementation):
         """Where a dense cache view starts in the allocation holding it (a layer of a layer-packed cache)."""
         return cache.storage_offset()
 
+    def _addressed(self, cache: torch.Tensor) -> torch.Tensor:
+        """The cache view as the kernel addresses it (its first element where the view starts)."""
+        return cache
+
     def _kv_scale_pair(self, k_scale: float | None, v_scale: float | None) -> tuple[float, float]:
         """The (k, v) scales an fp8 cache is read with; None is 1.0."""
         return (1.0 if k_scale is None else k_scale), (1.0 if v_scale is None else v_scale)
@@ -105,7 +109,7 @@ class ControlImplementation(Implementation):
     def _read_slots(self, cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """cache ``[nb, bs, H, D]`` rows at ``slots`` -> ``[n, H, D]``, through flat element offsets."""
         per_slot = cache.shape[2] * cache.shape[3]
-        flat, base = self._flat(cache)
+        flat, base = self._flat(self._addressed(cache))
         index = self._slot_offsets(slots, per_slot)[:, None] + torch.arange(per_slot) + base
         return flat[index].reshape(len(slots), cache.shape[2], cache.shape[3])
 

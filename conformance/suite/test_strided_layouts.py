@@ -14,18 +14,14 @@ fails.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import replace
 
 import pytest
 import torch
 from pagedbench.conformance import capabilities
-from pagedbench.conformance.adapter import NotSupported
 from pagedbench.conformance.gate import builders, checks
 from pagedbench.conformance.gate.cases import AttentionCase
-
-#: what a clear refusal of a layout names
-REFUSAL = re.compile(r"contiguous|stride|layout", re.IGNORECASE)
+from pagedbench.conformance.gate.refusal import call_or_refused
 
 
 def restride(t: torch.Tensor, order: tuple[int, ...], pad: tuple[int, int] | None = None,
@@ -111,18 +107,6 @@ def relayout(x: builders.PagedInputs, layout: str) -> tuple[builders.PagedInputs
         return x, OUT_LAYOUTS[layout](out)
     assert layout == CONTIGUOUS, layout
     return x, out
-
-
-def call_or_refused(what: str, fn):
-    """``fn()``, with a clear refusal of the layout reported as "not supported" and an unclear one failed."""
-    try:
-        return fn()
-    except NotSupported as e:
-        pytest.skip(f"not supported: {e}")
-    except (ValueError, TypeError) as e:
-        if REFUSAL.search(str(e)):
-            pytest.skip(f"not supported: refused the layout: {e}")
-        raise AssertionError(f"{what}: refused with a {type(e).__name__} that does not name the layout: {e}") from e
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,8 @@ SUITES = {
     # layouts and batch positions: strided views (and a plan reused across them), the odd sequence of a
     # batch at every index, a layer-packed cache past 2^32 elements
     "layouts": ["test_batch_positions.py", "test_strided_layouts.py", "test_layer_packed_cache.py"],
+    # tensor-parallel shards: each rank's heads alone, in its own pool or a view of one shared cache
+    "tensor_parallel": ["test_tensor_parallel.py"],
     # metadata from our engine's scheduler: blocks shared across a batch, tables with no spare column
     "engine_metadata": ["test_engine_metadata.py"],
     "block_manager": ["test_block_manager.py", "test_block_manager_scenarios.py",

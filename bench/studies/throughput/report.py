@@ -174,6 +174,7 @@ def write_markdown(result: dict, path: Path) -> str:
             "of KV memory at n = 2 / 4 / 6.",
             "",
         ]
+    parts += tensor_parallel_section(result)
     parts += [PAPER, "", "## Environment\n", environment_markdown(result["environment"])]
     text = "\n".join(parts)
     records.write_text(path, text)
@@ -211,3 +212,66 @@ def write_plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     records.save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _tp_rows(records: list[dict]) -> list[list]:
+    rows = []
+    for r in records:
+        f = r["figures"]
+        rows.append([
+            r["implementation"]["tensor_parallel_size"], f"{f['generated_tokens_per_s']:.1f}",
+            " / ".join(f"{w:.2f}" for w in f["wall_s_repetitions"]), f["num_steps"], f"{f['mean_step_ms']:.1f}",
+            _share(f["model_share_of_step"]), _share(f["all_reduce_share_of_step"]),
+            f"{f['all_reduces_per_step']:.1f}", " -> ".join(f"{x:.1f}" for x in f["load_avg_1min"]),
+            "yes" if r["validity"]["valid"] else "NO",
+        ])
+    return rows
+
+
+def tensor_parallel_reading(part: dict) -> str:
+    """What the tensor-parallel rows show, in the figures they measured."""
+    by = {r["implementation"]["tensor_parallel_size"]: r for r in part["records"]}
+    if 1 not in by or 2 not in by:
+        return ""
+    one, two = by[1]["figures"], by[2]["figures"]
+    threads = by[2]["implementation"]["torch_threads_per_rank"]
+    cores = part["environment"]["machine"]["cpu_count"]
+    loads = one["load_avg_1min"] + two["load_avg_1min"]
+    step_ms, reduce_ms = two["mean_step_ms"], two["mean_step_ms"] * two["all_reduce_share_of_step"]
+    return (
+        f"tp=2 / tp=1 generated tokens/s = **{two['generated_tokens_per_s'] / one['generated_tokens_per_s']:.2f}x**. "
+        f"Measured: at tp=2 rank 0's mean step took {step_ms:.1f} ms against {one['mean_step_ms']:.1f} ms at tp=1, "
+        f"{reduce_ms:.1f} ms of it ({two['all_reduce_share_of_step']:.0%}) inside its "
+        f"{two['all_reduces_per_step']:.0f} all-reduces per step (two per layer: attention out and MLP down "
+        "projections; gloo over the loopback, each timed from its call to its return, which includes waiting "
+        "for rank 1 to reach it), and its forward and LM head, all-reduces included, took "
+        f"{two['model_share_of_step']:.0%} of the step against {one['model_share_of_step']:.0%} at tp=1. "
+        f"The machine has {cores} cores and each rank was given {threads} torch thread(s) (OMP_NUM_THREADS), so "
+        "tp=2 halves each rank's matmuls but adds the all-reduces and rank 1's step broadcast, and its two "
+        "ranks each have a core only when nothing else runs: the 1-minute load average was "
+        f"{min(loads):.1f}-{max(loads):.1f} around the best runs (the table: before -> after each)."
+    )
+
+
+def tensor_parallel_section(result: dict) -> list[str]:
+    part = result.get("tensor_parallel")
+    if not part or not part["records"]:
+        return []
+    w, g = part["records"][0]["workload"], part["environment"]["git"]
+    return [
+        f"## Tensor parallelism: tensor_parallel_size 1 and 2, {w['num_requests']} {w['dataset']}-like requests "
+        f"(length scale {w['length_scale']}, mean prompt / output {w['mean_prompt_len']:.1f} / "
+        f"{w['mean_output_len']:.1f})\n",
+        "The same batch from the same model source, the same KV blocks per rank (rank 1 a spawned process "
+        "holding half of every layer and of the KV heads), greedy; the sizes alternate, tokens/s from the best "
+        "wall time.\n",
+        tabulate(_tp_rows(part["records"]), headers=[
+            "tp", "gen tok/s", "wall s (each repetition)", "steps", "mean step ms", "rank 0 model share",
+            "rank 0 all-reduce share", "all-reduces / step", "load avg 1 min", "same tokens"], tablefmt="github"),
+        "",
+        tensor_parallel_reading(part),
+        "",
+        f"Tensor-parallel rows: commit {(g['commit'] or 'unknown')[:12]}{' (dirty)' if g['dirty'] else ''}, "
+        f"generated {part['environment']['created_utc']}.",
+        "",
+    ]

@@ -20,6 +20,7 @@ results/throughput.json, results/throughput.md and results/throughput.png.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from pagedbench.bench.common.environment import RESULTS_DIR, environment
 from pagedbench.bench.common.progress import progress_enabled
 from pagedbench.bench.common.step_timing import timed_steps
 from pagedbench.bench.studies.throughput.report import write_markdown, write_plot
+from pagedbench.bench.studies.throughput.tensor_parallel import study_tensor_parallel
 from pagedbench.bench.workloads.token_traces import Trace, Workload, make_trace
 from pagedbench.kernels import device
 from pagedbench.refengine import LLM, ModelConfig, SamplingParams, load_model
@@ -165,6 +167,10 @@ def load_config(full: bool) -> dict:
     p = cfg["parallel_sampling"]
     cfg["parallel_sampling"] = Workload(p["name"], p["dataset"], p["length_scale"], p[key])
     cfg["parallel_sampling_n"] = list(p["n"])
+    p = cfg.get("tensor_parallel")
+    if p is not None:
+        cfg["tensor_parallel"] = Workload(p["name"], p["dataset"], p["length_scale"], p[key])
+        cfg["tensor_parallel_sizes"], cfg["tensor_parallel_repetitions"] = list(p["sizes"]), p["repetitions"]
     return cfg
 
 
@@ -202,7 +208,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
     parser.add_argument("--with-smollm2", action="store_true",
                         help="also serve the allocator workloads with SmolLM2-135M (`make model`; slow on a CPU)")
+    parser.add_argument("--only-tensor-parallel", action="store_true",
+                        help="run the tensor-parallel rows alone and write them into the existing "
+                             "throughput.json (which keeps its other records, each part with its environment)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-render throughput.md and .png from the existing throughput.json (nothing is run)")
     args = parser.parse_args(argv)
+    if args.render_only:
+        _write(json.loads((args.out / "throughput.json").read_text()), args.out)
+        return
     cfg = load_config(args.full)
     if cfg["torch_threads"]:
         torch.set_num_threads(int(cfg["torch_threads"]))
@@ -214,6 +228,10 @@ def main(argv: list[str]) -> None:
           f"max_model_len {cfg['max_model_len']}, torch threads {torch.get_num_threads()}")
     warm = LLM(loaded, block_size=16, num_blocks=64)
     warm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=4))  # warm-up, outside every timed run
+    tp_records = _tensor_parallel_rows(model_cfg, cfg)
+    if args.only_tensor_parallel:
+        _write(_with_tensor_parallel(args.out / "throughput.json", tp_records, cfg), args.out)
+        return
     records = []
     for w in tqdm(cfg["workloads"], desc="workloads", unit="workload", disable=not progress_enabled()):
         records += study_workload(loaded, cfg, w, [Run("paged", False), Run("contiguous", False)])
@@ -222,16 +240,47 @@ def main(argv: list[str]) -> None:
     records += study_workload(loaded, cfg, cfg["prefix_sharing"], [Run("paged", True), Run("paged", False)])
     records += study_workload(loaded, cfg, cfg["parallel_sampling"],
                               [Run("paged", False, n, sampled=True) for n in cfg["parallel_sampling_n"]])
-    config = {**cfg, "workloads": [asdict(w) for w in cfg["workloads"]],
-              "prefix_sharing": asdict(cfg["prefix_sharing"]),
-              "parallel_sampling": asdict(cfg["parallel_sampling"]), "model_config": model_cfg.to_dict(),
-              "torch_threads_used": torch.get_num_threads(), "full": args.full, "smollm2_status": smollm2_status}
-    result = {"study": "throughput", "environment": environment(), "config": config, "records": records}
-    args.out.mkdir(parents=True, exist_ok=True)
-    result_files.write_json(args.out / "throughput.json", result)
-    print(write_markdown(result, args.out / "throughput.md"))
-    write_plot(result, args.out / "throughput.png")
-    print(f"wrote {args.out / 'throughput.json'}, throughput.md, throughput.png")
+    config = {**_plain_config(cfg), "model_config": model_cfg.to_dict(), "full": args.full,
+              "torch_threads_used": torch.get_num_threads(), "smollm2_status": smollm2_status}
+    result = {"study": "throughput", "environment": environment(), "config": config, "records": records,
+              "tensor_parallel": {"environment": environment(), "records": tp_records}}
+    _write(result, args.out)
+
+
+def _plain_config(cfg: dict) -> dict:
+    """``cfg`` with its workloads as plain data."""
+    plain = {**cfg, "workloads": [asdict(w) for w in cfg["workloads"]], "prefix_sharing": asdict(cfg["prefix_sharing"]),
+             "parallel_sampling": asdict(cfg["parallel_sampling"])}
+    if cfg.get("tensor_parallel") is not None:
+        plain["tensor_parallel"] = asdict(cfg["tensor_parallel"])
+    return plain
+
+
+def _tensor_parallel_rows(model_cfg, cfg: dict) -> list[dict]:
+    if cfg.get("tensor_parallel") is None:
+        return []
+    return study_tensor_parallel(model_cfg, cfg, cfg["tensor_parallel"], cfg["tensor_parallel_sizes"],
+                                 cfg["tensor_parallel_repetitions"], cfg["model"])
+
+
+def _with_tensor_parallel(path: Path, tp_records: list[dict], cfg: dict) -> dict:
+    """The record at ``path`` with its tensor-parallel part replaced by this run's (its own environment)."""
+    if not path.exists():
+        raise SystemExit(f"--only-tensor-parallel: {path} does not exist; run the whole study first")
+    result = json.loads(path.read_text())
+    plain = _plain_config(cfg)
+    result["config"].update({k: plain[k] for k in ("tensor_parallel", "tensor_parallel_sizes",
+                                                   "tensor_parallel_repetitions") if k in plain})
+    result["tensor_parallel"] = {"environment": environment(), "records": tp_records}
+    return result
+
+
+def _write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    result_files.write_json(out / "throughput.json", result)
+    print(write_markdown(result, out / "throughput.md"))
+    write_plot(result, out / "throughput.png")
+    print(f"wrote {out / 'throughput.json'}, throughput.md, throughput.png")
 
 
 if __name__ == "__main__":
