@@ -35,6 +35,7 @@ from collections.abc import Sequence as Seq
 import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
+from pagedbench.refengine.engine.cpu_threads import configure_threads
 from pagedbench.refengine.engine.llm_arguments import (
     ALLOCATORS,
     FP8_BACKENDS,
@@ -104,6 +105,10 @@ class LLM:
     exit). ``model`` must then be what each rank can load itself (not a LoadedModel), and a rank's failure
     fails the step and every later one with ``TensorParallelError`` naming the rank.
 
+    ``num_threads``: torch's CPU threads (None: the physical cores this process may use, unless
+    ``OMP_NUM_THREADS`` is set or torch already has fewer; ``engine/cpu_threads.py``). torch's count is
+    process-wide: it stays set after the ``LLM`` is gone.
+
     ``preemption_mode``: "recompute" (a victim's blocks are dropped and its tokens computed again) or
     "swap" (paged allocator only: its blocks are copied to a host pool of ``swap_space`` GiB and back,
     ``engine/swap_preemption.py``; a group the host pool cannot take is recomputed and counted in
@@ -119,7 +124,8 @@ class LLM:
                  max_model_len: int | None = None, check_invariants: bool = False, policy: str = "mixed",
                  watermark_blocks: int = 0, batch_invariant: bool = False,
                  poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
-                 tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4) -> None:
+                 tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4,
+                 num_threads: int | None = None) -> None:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
@@ -146,6 +152,7 @@ class LLM:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise InvalidArgumentError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = seed
+        self.num_threads = _cpu_threads(num_threads)
         if isinstance(model, LoadedModel):
             if dtype is not None and resolve_dtype(dtype) != model.model.dtype:
                 raise InvalidArgumentError(
@@ -477,3 +484,14 @@ class LLM:
         if bm.num_free_blocks != bm.num_blocks:
             raise RuntimeError(f"KV block leak: {bm.num_blocks - bm.num_free_blocks} of {bm.num_blocks} "
                                "blocks still held after generate")
+
+
+def _cpu_threads(num_threads: int | None) -> int | None:
+    """torch's thread count after :func:`configure_threads` on a CPU host; None (untouched) on a GPU."""
+    from pagedbench.kernels import device
+
+    if device.backend().is_gpu:
+        if num_threads is not None:  # still checked, and still applied: it was asked for
+            return configure_threads(num_threads)
+        return None
+    return configure_threads(num_threads)
