@@ -35,6 +35,7 @@ from collections.abc import Sequence as Seq
 import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
+from pagedbench.refengine.engine.cpu_threads import engine_threads
 from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.engine.llm_arguments import (
     ALLOCATORS,
@@ -106,6 +107,10 @@ class LLM:
     exit). ``model`` must then be what each rank can load itself (not a LoadedModel), and a rank's failure
     fails the step and every later one with ``TensorParallelError`` naming the rank.
 
+    ``num_threads``: torch's CPU threads (None: the physical cores this process may use, unless
+    ``OMP_NUM_THREADS`` is set or torch already has fewer; ``engine/cpu_threads.py``). torch's count is
+    process-wide: it stays set after the ``LLM`` is gone.
+
     ``preemption_mode``: "recompute" (a victim's blocks are dropped and its tokens computed again) or
     "swap" (paged allocator only: its blocks are copied to a host pool of ``swap_space`` GiB and back,
     ``engine/swap_preemption.py``; a group the host pool cannot take is recomputed and counted in
@@ -130,7 +135,7 @@ class LLM:
                  watermark_blocks: int = 0, batch_invariant: bool = False,
                  poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
                  tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4,
-                 kv_offloading_size: float = 0) -> None:
+                 kv_offloading_size: float = 0, num_threads: int | None = None) -> None:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
@@ -159,6 +164,7 @@ class LLM:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise InvalidArgumentError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = seed
+        self.num_threads = engine_threads(num_threads)
         if isinstance(model, LoadedModel):
             if dtype is not None and resolve_dtype(dtype) != model.model.dtype:
                 raise InvalidArgumentError(
@@ -491,3 +497,4 @@ class LLM:
 
     def _check_no_leak(self) -> None:
         check_no_leak(self.block_manager, self.scheduler)
+

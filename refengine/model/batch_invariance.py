@@ -58,9 +58,17 @@ def linear(layer: nn.Linear, x: torch.Tensor, invariant: bool) -> torch.Tensor:
     """``layer(x)``; invariant: x [T, in] with T a multiple of :data:`ROW_TILE`, run one tile at a time."""
     if not invariant:
         return layer(x)
+    return linear_weights(x, layer.weight, layer.bias, invariant)
+
+
+def linear_weights(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   invariant: bool) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; invariant: as :func:`linear`, one tile of rows at a time."""
+    if not invariant:
+        return F.linear(x, weight, bias)
     if x.shape[0] % ROW_TILE:
         raise ValueError(f"batch-invariant linear needs a multiple of {ROW_TILE} rows; got {x.shape[0]}")
-    tiles = [F.linear(x[i:i + ROW_TILE], layer.weight, layer.bias) for i in range(0, x.shape[0], ROW_TILE)]
+    tiles = [F.linear(x[i:i + ROW_TILE], weight, bias) for i in range(0, x.shape[0], ROW_TILE)]
     return tiles[0] if len(tiles) == 1 else torch.cat(tiles)
 
 

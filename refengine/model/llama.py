@@ -2,10 +2,13 @@
 
 Per layer, for the step's ``T`` flattened tokens (see :mod:`refengine.attention_backend`)::
 
-    x --RMSNorm--> q,k,v proj (+bias) --rotary(positions)--> backend: write_kv, paged attention --o_proj--+
+    x --RMSNorm--> qkv proj (+bias) --rotary(positions)--> backend: write_kv, paged attention --o_proj--+
     |                                                                                                    |
     +<---------------------------------------------------------------------------------------------------+
     x --RMSNorm--> down( silu(gate(x)) * up(x) ) --> + x
+
+q/k/v and gate/up each run as one matmul over weights concatenated once (:mod:`fused_linear`); the
+parameters keep Hugging Face's names, as views of the fused tensors.
 
 The numerics follow Hugging Face's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` step for step (RMSNorm in
 float32 then cast back before the weight, rotary cos/sin computed in float32 and cast to the activations'
@@ -24,8 +27,9 @@ import math
 import torch
 from pagedbench.refengine.errors import InvalidArgumentError
 from pagedbench.refengine.model.attention_backend import AttentionBackend, AttentionMetadata
-from pagedbench.refengine.model.batch_invariance import linear, pad_rows, padded_rows
+from pagedbench.refengine.model.batch_invariance import linear, linear_weights, pad_rows, padded_rows
 from pagedbench.refengine.model.config import ModelConfig, RopeScaling
+from pagedbench.refengine.model.fused_linear import FusedLinear, fuse, fused
 from torch import nn
 from torch.nn import functional as F
 
@@ -105,15 +109,30 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
+        self.qkv_fusion: FusedLinear | None = None  # q/k/v as one matmul (``fused_linear``)
+
+    def fuse_projections(self) -> None:
+        """q/k/v_proj's weights into one tensor (theirs become views of it): one matmul per forward."""
+        self.qkv_fusion = fuse((self.q_proj, self.k_proj, self.v_proj))
+
+    def _qkv(self, x: torch.Tensor, inv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> q [T, Hq * D], k and v [T, Hkv * D] (views of one product when fused)."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_fusion = fused(self.qkv_fusion, parts)  # again if a part was replaced (sharding, .to())
+        f = self.qkv_fusion
+        if f is None:
+            return tuple(linear(p, x, inv) for p in parts)
+        return linear_weights(x, f.weight, f.bias, inv).split(f.split_sizes, dim=-1)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]):
         """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` (k, v caches).
 
         Batch-invariant: x has padding rows past the step's ``meta.num_tokens``; they skip attention."""
         t, inv = x.shape[0], meta.batch_invariant
-        q = linear(self.q_proj, x, inv).view(t, self.num_heads, self.head_dim)
-        k = linear(self.k_proj, x, inv).view(t, self.num_kv_heads, self.head_dim)
-        v = linear(self.v_proj, x, inv).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(x, inv)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         q = RotaryEmbedding.apply(q, cos, sin)
         k = RotaryEmbedding.apply(k, cos, sin)
         n = meta.num_tokens
@@ -132,10 +151,20 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_fusion: FusedLinear | None = None  # gate/up as one matmul (``fused_linear``)
+
+    def fuse_projections(self) -> None:
+        """gate/up_proj's weights into one tensor (theirs become views of it): one matmul per forward."""
+        self.gate_up_fusion = fuse((self.gate_proj, self.up_proj))
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
-        up = linear(self.up_proj, x, invariant)
-        return linear(self.down_proj, F.silu(linear(self.gate_proj, x, invariant)) * up, invariant)
+        parts = (self.gate_proj, self.up_proj)
+        self.gate_up_fusion = f = fused(self.gate_up_fusion, parts)
+        if f is None:
+            gate, up = linear(self.gate_proj, x, invariant), linear(self.up_proj, x, invariant)
+        else:
+            gate, up = linear_weights(x, f.weight, f.bias, invariant).split(f.split_sizes, dim=-1)
+        return linear(self.down_proj, F.silu(gate) * up, invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -173,6 +202,13 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fuse_projections(self) -> None:
+        """Every layer's q/k/v and gate/up weights concatenated (one matmul each; ``fused_linear``). The
+        loader calls it once the model is built; a forward re-fuses a layer whose parts were replaced."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
     @property
     def dtype(self) -> torch.dtype:

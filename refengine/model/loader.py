@@ -110,6 +110,7 @@ def _build(config: ModelConfig, dtype, device: torch.device, backend: AttentionB
     model = model.to_empty(device=device).to(resolved)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.fuse_projections()  # before the weights are copied in: they land in the fused tensors
     model.requires_grad_(False)
     return model.eval()
 

@@ -10,6 +10,9 @@ all-reduce). In a decoder layer the two pair up so that each block costs one all
       |-- gate/up_proj column: features [r*I/N, (r+1)*I/N)
       `-- down_proj    row:    partial [T, hidden]        -> all-reduce -> whole
 
+Each part is sharded alone and the rank's shards are then fused (``model.fused_linear``): cutting the
+fused q/k/v weight as one block would hand a rank some of q's heads and none of v's.
+
 Query head ``h`` of a rank reads KV head ``h // (H / Hkv)`` of the same rank: the contiguous slices keep
 each GQA group on one rank, since ``H / N = (Hkv / N) * (H / Hkv)``. Embeddings, norms and the LM head are
 replicated (every rank holds them whole).
@@ -111,3 +114,5 @@ def shard_model(model, rank: int, world_size: int, all_reduce: AllReduce) -> Non
         mlp.gate_proj = ColumnParallelLinear(mlp.gate_proj, rank, world_size, what="intermediate_size")
         mlp.up_proj = ColumnParallelLinear(mlp.up_proj, rank, world_size, what="intermediate_size")
         mlp.down_proj = RowParallelLinear(mlp.down_proj, rank, world_size, all_reduce, what="intermediate_size")
+    # each part was cut on its own (q, k, v by heads; gate, up by features): fuse this rank's shards
+    model.fuse_projections()
