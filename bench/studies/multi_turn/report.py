@@ -117,6 +117,9 @@ def markdown(doc: dict) -> str:
         "and a round's new message can never hit.", "",
         "## With and without the host tier, at the smallest budget (mean over seeds)", "",
         _comparison(doc), "",
+        "Round 0 computes its whole prompt with either tier, yet waits less with the host tier: sessions "
+        "start over the whole arrival span, so the first rounds of late sessions share the engine with the "
+        "later rounds of early ones, which compute less there.", "",
         _sglang_line(doc), "",
         "## Every run, per round", "",
         _table(doc), "",
