@@ -27,8 +27,9 @@ from pagedbench.refengine.engine.core import SimulatedExecutor, StepResult, Step
 class AccountingExecutor:
     """An executor wrapper that sees the KV memory of each step once it is planned, before it runs: its
     peak use, and (``account``) its accounting (see the module docstring); it decides nothing. A step
-    that swaps blocks lasts as much longer as ``run.block_copy_s(num_out, num_in)`` prices its copies
-    (they run before the model, as the engine's executor applies them)."""
+    that swaps blocks lasts as much longer as ``run.block_copy_s(num_out, num_in)`` prices its copies,
+    and one with host-tier copies as much longer as ``run.block_copy_s(num_stored, num_loaded)`` prices
+    those (they run before the model, as the engine's executor applies them)."""
 
     def __init__(self, inner: SimulatedExecutor, run, account: bool) -> None:
         self.inner, self.run, self.do_account = inner, run, account
@@ -39,11 +40,17 @@ class AccountingExecutor:
         if used > run.peak_used:
             run.peak_used = used
         copy = 0.0
-        if out.swap_out or out.swap_in:  # the step waits for its copies
+        if out.swap_out or out.swap_in or out.offload_store or out.offload_load:  # the step waits for its copies
             if run.block_copy_s is not None:
-                copy = run.block_copy_s(len(out.swap_out), len(out.swap_in))
+                if out.swap_out or out.swap_in:
+                    copy = run.block_copy_s(len(out.swap_out), len(out.swap_in))
+                if out.offload_store or out.offload_load:  # a batch of their own, as the executor applies them
+                    copy += run.block_copy_s(len(out.offload_store), len(out.offload_load))
                 run.copy_s += copy
-            run.copies.append(CopyRecord(run.clock.now(), len(out.swap_out), len(out.swap_in), copy))
+            run.copies.append(CopyRecord(run.clock.now(), len(out.swap_out), len(out.swap_in), copy,
+                                         len(out.offload_store), len(out.offload_load)))
+        if run.host_hits is not None:
+            note_host_hits(run, out)
         if self.do_account:
             account_step(run)
         result = self.inner.execute(out)
@@ -53,6 +60,24 @@ class AccountingExecutor:
         if run.after_prefill is not None:  # one of the first decode steps after a prefill
             extra += run.after_prefill.extra(StepShape.of(out))
         return dataclasses.replace(result, elapsed_s=result.elapsed_s + extra) if extra else result
+
+
+def note_host_hits(run, out) -> None:
+    """Each sequence first scheduled in step ``out``: the prompt tokens its admission loaded from the host
+    tier, in ``run.host_hits``. A loaded block is the loader's alone: a sequence admitted after it in the
+    same step finds it published on the device (a device hit), so it counts for the first table holding it."""
+    hits, bm, bs = run.host_hits, run.bm, run.bs
+    loaded = {s.dst for s in out.offload_load}
+    for c in out.chunks:
+        seq_id = c.seq.seq_id
+        if seq_id in hits:
+            continue
+        n = 0
+        if loaded:
+            mine = loaded.intersection(bm.block_table(seq_id))
+            loaded -= mine
+            n = len(mine) * bs
+        hits[seq_id] = n
 
 
 def account_step(run) -> None:

@@ -48,17 +48,32 @@ class SimConfig:
     # back; the step-time function's block_copy_s prices the copies, see bench.costmodel.host_link)
     preemption_mode: str = "recompute"
     swap_blocks: int = 0
+    # the prefix cache's host tier (the engine's kv_offloading_size, counted in blocks): evicted cached
+    # blocks are stored to that many host blocks and loaded back on a later hit instead of computed; the
+    # step-time function's block_copy_s prices the stores (device -> host) and loads (host -> device).
+    # 0 or None: no tier. Paged manager with prefix caching only
+    offload_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if type(self.swap_blocks) is not int or self.swap_blocks < 0:
             raise ValueError(f"swap_blocks must be an int >= 0, got {self.swap_blocks!r}")
+        if self.offload_blocks is not None and (type(self.offload_blocks) is not int or self.offload_blocks < 0):
+            raise ValueError(f"offload_blocks must be an int >= 0 (or None), got {self.offload_blocks!r}")
+        if self.offload_blocks and not self.enable_prefix_caching:
+            raise ValueError(f"offload_blocks={self.offload_blocks} is a host tier of the prefix cache: it needs "
+                             "enable_prefix_caching=True")
         if self.span_s is not None and not self.span_s > 0:
             raise ValueError(f"span_s must be > 0 seconds (or None), got {self.span_s}")
         if not (self.warmup_frac >= 0 and self.cooldown_frac >= 0 and self.warmup_frac + self.cooldown_frac < 1):
             raise ValueError(f"warmup_frac and cooldown_frac must be >= 0 and leave a window (sum < 1), got "
                              f"{self.warmup_frac} and {self.cooldown_frac}")
+
+    @property
+    def num_offload_blocks(self) -> int:
+        """The host tier's blocks (0: none)."""
+        return self.offload_blocks or 0
 
     @property
     def token_budget(self) -> int:
@@ -94,12 +109,14 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class CopyRecord:
-    """One step's host copies (swap preemption): kept for every step that copies."""
+    """One step's host copies (swap preemption, the prefix cache's host tier): kept for every step that copies."""
 
     time_s: float  # the step's start
-    num_swapped_out: int  # blocks copied device -> host
-    num_swapped_in: int  # blocks copied host -> device
+    num_swapped_out: int  # blocks copied device -> host (swap preemption)
+    num_swapped_in: int  # blocks copied host -> device (swap preemption)
     copy_s: float  # the seconds they added to the step (0 without a block_copy_s price)
+    num_offload_stored: int = 0  # evicted cached blocks copied device -> host (the host tier)
+    num_offload_loaded: int = 0  # host-tier hits copied host -> device
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +169,13 @@ class SimResult:
     copies: tuple[CopyRecord, ...] = ()  # the steps that copied blocks to or from the host, in order
     # (trace request id, prompt tokens its first admission found in the prefix cache) of every request admitted
     cached_tokens: tuple[tuple[int, int], ...] = ()
+    # the prefix cache's counters over every successful allocation (a preempted request's readmission
+    # too), each prompt token in exactly one: found on the device, loaded from the host tier, computed
+    prefix_hit_tokens: int = 0
+    prefix_host_hit_tokens: int = 0
+    prefix_computed_tokens: int = 0
+    num_offload_stored_blocks: int = 0  # evicted cached blocks copied to the host tier
+    num_offload_loaded_blocks: int = 0  # host-tier hits copied back to the device
+    # (trace request id, of its cached_tokens those loaded from the host tier) of every request admitted
+    # while a host tier is on (empty without one)
+    host_cached_tokens: tuple[tuple[int, int], ...] = ()

@@ -31,6 +31,14 @@ pool of ``cfg.swap_blocks`` blocks and back; a step-time function with ``block_c
 :mod:`pagedbench.bench.costmodel.host_link`) prices each step's copies, added to that step
 (:mod:`pagedbench.bench.sim.accounting`). Runs of decode steps are not fast-forwarded then (the
 fast-forward preempts by recompute).
+
+**The prefix cache's host tier** (``cfg.offload_blocks``, paged with prefix caching only): the block
+manager is built with ``num_host_blocks`` as the engine's ``LLM(kv_offloading_size=...)`` builds it;
+evicted cached blocks are stored to the tier and later hits loaded back instead of computed. The same
+``block_copy_s`` prices each step's stores (as device -> host copies) and loads (host -> device), in a
+batch of their own after the swaps' (the engine's executor applies each kind in one batch), added to
+that step. Runs of decode steps are not fast-forwarded then (a decode step's new block may evict a cached
+one, a store the fast-forward does not plan).
 """
 
 from __future__ import annotations
@@ -55,6 +63,9 @@ from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 def default_manager(spec: AllocatorSpec, cfg: SimConfig, group: GroupSpec | None = None):
     """The KV manager ``spec`` names, sized to ``cfg.kv_slots`` (a beam group on Orca: one reservation per beam)."""
     if spec.kind == "paged":
+        if cfg.num_offload_blocks:  # the engine's kv_offloading_size, in blocks (LLM builds it the same way)
+            return BlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
+                                enable_prefix_caching=cfg.enable_prefix_caching, num_host_blocks=cfg.num_offload_blocks)
         return BlockManager(cfg.kv_slots // spec.block_size, spec.block_size,
                             enable_prefix_caching=cfg.enable_prefix_caching)
     if spec.kind == "orca":
@@ -98,7 +109,12 @@ class SimRun:
         if group is not None and account and spec.kind == "paged":
             raise ValueError("the memory accounting counts each sequence's blocks, which double-counts the "
                              "blocks a group shares: simulate a group with account=False")
+        if cfg.num_offload_blocks and spec.kind != "paged":
+            raise ValueError(f"offload_blocks (the prefix cache's host tier) needs the paged manager, got {spec.name}")
         self.bm = make_manager(spec, cfg) if make_manager else default_manager(spec, cfg, group)
+        if bool(cfg.num_offload_blocks) != (getattr(self.bm, "host_tier", None) is not None):
+            raise ValueError(f"offload_blocks={cfg.offload_blocks} but the KV manager make_manager built "
+                             f"{'has no' if cfg.num_offload_blocks else 'has a'} host tier")
         self.bs = spec.block_size
         self.total = self.bm.num_blocks * self.bs
         check_trace(trace, cfg, self.total, self.bm, group.width if group else 1)
@@ -119,6 +135,8 @@ class SimRun:
         self.block_copy_s = getattr(step_time_s, "block_copy_s", None)
         self.copy_s = 0.0
         self.copies: list = []  # CopyRecord of each step that copies blocks to or from the host
+        # with a host tier: seq id -> prompt tokens loaded from it at the sequence's first admission
+        self.host_hits: dict | None = {} if cfg.num_offload_blocks else None
         executor = SimulatedExecutor(step_time_s)
         # a step-time function may price waking an idle engine (bench.costmodel.wake_cost): the i-th step
         # after an idle jump of the clock costs wake_s(the jump)[i] more
@@ -168,7 +186,7 @@ class SimRun:
         # a run of steps is priced by shape alone: with a price of waking or of a prefill's aftermath,
         # every step is simulated
         fast = (fast_forward and group is None and not account and not record_steps and self.wake_s is None
-                and self.after_prefill is None and cfg.preemption_mode == "recompute"
+                and self.after_prefill is None and cfg.preemption_mode == "recompute" and not cfg.num_offload_blocks
                 and FastForward.applies(self))
         self.fast = FastForward(self) if fast else None
         self.chain_runs = True  # step() serves runs one after another (False: one per call, for on_step)
@@ -338,7 +356,21 @@ class SimRun:
                          timings, overload, self.peak_used * self.bs, self.copy_s,
                          self.sched.num_swapped_out_blocks, self.sched.num_swapped_in_blocks, tuple(self.copies),
                          tuple((r.request_id, c) for r, req in self.requests
-                               if (c := req.children[0].num_cached_tokens) is not None))
+                               if (c := req.children[0].num_cached_tokens) is not None),
+                         *self._prefix_counters())
+
+    def _prefix_counters(self) -> tuple:
+        """SimResult's prefix-cache counters and host-tier copies, in its field order (zeros without a prefix cache)."""
+        m = self.bm.metrics() if self.cfg.enable_prefix_caching and self.spec.kind == "paged" else None
+        if m is None:
+            return 0, 0, 0, 0, 0, ()
+        host = ()
+        if self.host_hits is not None:
+            hits = self.host_hits
+            host = tuple((r.request_id, hits.get(req.children[0].seq_id, 0)) for r, req in self.requests
+                         if req.children[0].num_cached_tokens is not None)
+        return (m.prefix_hit_tokens, m.prefix_host_hit_tokens, m.prefix_computed_tokens, m.host_stored_blocks,
+                m.host_loaded_blocks, host)
 
 
 def _arrival_order(r: Request) -> tuple[float, int]:

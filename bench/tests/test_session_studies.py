@@ -54,11 +54,38 @@ def test_shared_prefix_and_chatbot_capacities_are_paired_and_rendered():
 def test_multi_turn_hits_the_history_when_it_fits_and_less_when_it_does_not():
     cfg = dataclasses.replace(multi_turn.QUICK, num_clients=16, num_rounds=3, budget_shares=(1.25, 0.1), seeds=(0,))
     doc = _doc(multi_turn.run_study(cfg, progress=False))
-    fits, tight = doc["runs"]
+    runs = {(run["tier"], run["budget_share"]): run for run in doc["runs"]}
+    assert set(runs) == {(t, b) for t in ("device", "host") for b in (1.25, 0.1)}
+    fits, tight = runs["device", 1.25], runs["device", 0.1]
     assert fits["rounds"][0]["hit_rate"] == 0.0
     # round 1 repeats 512 + 64 tokens of 1088, all but the unstored last token's block cached
     assert fits["rounds"][1]["hit_rate"] == pytest.approx((575 // 16 * 16) / 1088)
     assert sum(r["hit_tokens"] for r in tight["rounds"]) < sum(r["hit_tokens"] for r in fits["rounds"])
-    assert "kv_offloading_size" in multi_turn_report.markdown(doc)
     with pytest.raises(ValueError, match="unknown tiers"):
-        dataclasses.replace(cfg, tiers=("host",))
+        dataclasses.replace(cfg, tiers=("nvme",))
+
+
+def test_multi_turn_host_tier_loads_back_what_the_device_evicts():
+    cfg = dataclasses.replace(multi_turn.QUICK, num_clients=16, num_rounds=3, budget_shares=(1.25, 0.1), seeds=(0,))
+    doc = _doc(multi_turn.run_study(cfg, progress=False))
+    runs = {(run["tier"], run["budget_share"]): run for run in doc["runs"]}
+    device, host = runs["device", 0.1], runs["host", 0.1]
+    assert host["host_blocks"] == -(-int(1.25 * host["history_tokens"]) // 16) and device["host_blocks"] == 0
+    for run in doc["runs"]:
+        for r in run["rounds"]:
+            assert r["device_hit_rate"] + r["host_hit_rate"] + r["computed_share"] == pytest.approx(1.0)
+        assert run["prefix_host_hit_tokens"] == 0 or run["tier"] == "host"
+    # the tier holds every history: the later rounds hit as much as with a device that holds them all
+    assert [r["hit_tokens"] for r in host["rounds"]] == [r["hit_tokens"] for r in runs["device", 1.25]["rounds"]]
+    assert sum(r["host_hit_tokens"] for r in host["rounds"]) > 0
+    assert all(r["computed_share"] <= d["computed_share"] for r, d in zip(host["rounds"], device["rounds"]))
+    assert host["num_offload_loaded_blocks"] > 0 and host["copy_s"] > 0
+    # where the device holds every history the tier changes no hit (its stores may still cost time)
+    assert [r["hit_tokens"] for r in runs["host", 1.25]["rounds"]] == \
+        [r["hit_tokens"] for r in runs["device", 1.25]["rounds"]]
+    text = multi_turn_report.markdown(doc)
+    assert "host hit rate" in text and "kv_offloading_size" in text
+    assert "0.035 by round 9" in text and "0.80 with the host tier" in text
+    comp = multi_turn_report.tier_comparison(doc)
+    assert {(c["round"], c["tier"]) for c in comp} == {(k, t) for k in range(3) for t in ("device", "host")}
+    assert all(c["budget_share"] == 0.1 for c in comp)
