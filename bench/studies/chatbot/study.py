@@ -14,14 +14,10 @@ serving study (:mod:`pagedbench.bench.sim.paired_capacity`), ratios paired by se
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from pagedbench.bench.common import environment as env_mod
-from pagedbench.bench.common import records
+from pagedbench.bench.common.quick_full import run_quick_or_full
 from pagedbench.bench.costmodel import kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.sim.paired_capacity import Contender, capacities, paired_ratio
 from pagedbench.bench.sim.points import Method
@@ -79,17 +75,6 @@ def run_study(cfg: ChatbotConfig, *, progress: bool = True) -> dict:
 def main(argv: list[str]) -> None:
     from pagedbench.bench.studies.chatbot import report
 
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench chatbot", description=__doc__)
-    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
-    parser.add_argument("--full", action="store_true", help="5 seeds, 15-minute spans, finer bisection")
-    args = parser.parse_args(argv)
-    cfg = FULL if args.full else QUICK
-    start = time.perf_counter()
-    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(), **run_study(cfg)}
-    doc["wall_s"] = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report.markdown(doc)
-    records.write_json(out / "chatbot.json", doc)
-    records.write_text(out / "chatbot.md", text)
-    print(text)
+    run_quick_or_full(argv, prog="python -m pagedbench.bench chatbot", description=__doc__,
+                      full_help="5 seeds, 15-minute spans, finer bisection", quick=QUICK, full=FULL, run=run_study,
+                      markdown=report.markdown, name="chatbot")

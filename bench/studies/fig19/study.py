@@ -25,18 +25,15 @@ cost. Reported: mean normalized latency (s per output token), preemptions, block
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from pagedbench.bench import workloads
-from pagedbench.bench.common import environment as env_mod
-from pagedbench.bench.common import records
 from pagedbench.bench.common.model_files import MODELS_YAML
+from pagedbench.bench.common.quick_full import run_quick_or_full
 from pagedbench.bench.costmodel import StepCostModel, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.host_link import BlockCopyCost
 from pagedbench.bench.sim.points import step_time_fn
@@ -174,17 +171,6 @@ def run_study(cfg: Fig19Config, *, progress: bool = True) -> dict:
 def main(argv: list[str]) -> None:
     from pagedbench.bench.studies.fig19 import report
 
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench fig19", description=__doc__)
-    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
-    parser.add_argument("--full", action="store_true", help="3 seeds, 10-minute spans, more rates and block sizes")
-    args = parser.parse_args(argv)
-    cfg = FULL if args.full else QUICK
-    start = time.perf_counter()
-    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(), **run_study(cfg)}
-    doc["wall_s"] = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report.markdown(doc)
-    records.write_json(out / "fig19_swap.json", doc)
-    records.write_text(out / "fig19_swap.md", text)
-    print(text)
+    run_quick_or_full(argv, prog="python -m pagedbench.bench fig19", description=__doc__,
+                      full_help="3 seeds, 10-minute spans, more rates and block sizes", quick=QUICK, full=FULL,
+                      run=run_study, markdown=report.markdown, name="fig19_swap")

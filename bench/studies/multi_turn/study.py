@@ -27,16 +27,13 @@ them. SGLang's HiCache benchmark is the published reference for the difference (
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from pagedbench.bench.common import environment as env_mod
-from pagedbench.bench.common import records
+from pagedbench.bench.common.quick_full import run_quick_or_full
 from pagedbench.bench.common.serving_metrics import request_metrics
 from pagedbench.bench.costmodel import StepCostModel, load_hardware, load_model
 from pagedbench.bench.costmodel.host_link import BlockCopyCost
@@ -174,17 +171,6 @@ def run_study(cfg: MultiTurnConfig, *, progress: bool = True) -> dict:
 def main(argv: list[str]) -> None:
     from pagedbench.bench.studies.multi_turn import report
 
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.bench multi_turn", description=__doc__)
-    parser.add_argument("--out", default=str(env_mod.RESULTS_DIR), help="output folder (default: results/)")
-    parser.add_argument("--full", action="store_true", help="256 clients, 3 seeds, five budgets")
-    args = parser.parse_args(argv)
-    cfg = FULL if args.full else QUICK
-    start = time.perf_counter()
-    doc = {"schema_version": records.SCHEMA_VERSION, "environment": env_mod.environment(), **run_study(cfg)}
-    doc["wall_s"] = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report.markdown(doc)
-    records.write_json(out / "multi_turn.json", doc)
-    records.write_text(out / "multi_turn.md", text)
-    print(text)
+    run_quick_or_full(argv, prog="python -m pagedbench.bench multi_turn", description=__doc__,
+                      full_help="256 clients, 3 seeds, five budgets", quick=QUICK, full=FULL, run=run_study,
+                      markdown=report.markdown, name="multi_turn")
