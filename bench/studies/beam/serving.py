@@ -58,6 +58,7 @@ class BeamServingConfig:
     policy: str = "separate"  # the paper's system: prompt steps apart from decode steps
     max_seq_len: int = 2048
     gpu_memory_utilization: float = 0.9
+    linear_model: str = "tile"  # the serving study's pricing of the linear layers (bench/sim/settings.py)
     groups: tuple[tuple[str, int], ...] = (("sample", 1), ("parallel", 2), ("parallel", 4), ("parallel", 6),
                                            ("beam", 2), ("beam", 4), ("beam", 6))
     allocators: tuple[AllocatorSpec, ...] = ALLOCATORS
@@ -86,7 +87,8 @@ class BeamServingConfig:
 
     @property
     def setting(self) -> Setting:
-        return Setting(f"{self.model}@{self.hardware}", self.model, self.hardware, self.max_seq_len)
+        return Setting(f"{self.model}@{self.hardware}", self.model, self.hardware, self.max_seq_len,
+                       linear_model=self.linear_model)
 
 
 #: `make bench`'s share of a 15-minute budget: 30 s spans, capacities to within 4 ** (1 / 16) = 9%, and

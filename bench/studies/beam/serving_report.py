@@ -225,8 +225,9 @@ def _comparison(doc: dict) -> str:
         "- Why ours can differ: the beams follow a random tiny model's searches, not OPT-13B's on real "
         "Alpaca prompts (how often a search collapses onto few parents decides how much the paged manager "
         "shares; the memory study, results/beam.md, shows ours sharing more than the paper's); the request "
-        "lengths are synthetic Alpaca-like ones; step times come from a roofline cost model, not measured "
-        "kernels; copies (copy-on-write blocks, Orca's whole-beam copies) cost no time here; Orca computes "
+        "lengths are synthetic Alpaca-like ones; step times come from the step-cost model "
+        f"(linear layers: {doc['config'].get('linear_model', 'roofline')}), not measured kernels; copies "
+        "(copy-on-write blocks, Orca's whole-beam copies) cost no time here; Orca computes "
         "each sample's and beam's prompt itself (Alpaca prompts are short, so this costs little); and "
         "the paper's scheduler and GPU differ from ours in ways the serving study (results/serving.md) lists.",
     ])

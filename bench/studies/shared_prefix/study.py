@@ -39,6 +39,7 @@ class SharedPrefixConfig:
     hardware: str = "a100-40gb"
     max_seq_len: int = 2048
     workloads: tuple[str, ...] = ("fewshot-1", "fewshot-5")
+    linear_model: str = "tile"  # the serving study's pricing of the linear layers (bench/sim/settings.py)
     policy: str = "separate"
     threshold: float = 2.0
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -57,7 +58,8 @@ FULL = SharedPrefixConfig(seeds=(0, 1, 2, 3, 4), span_s=300.0, bisection_steps=6
 
 
 def run_study(cfg: SharedPrefixConfig, *, progress: bool = True) -> dict:
-    setting = Setting(f"{cfg.model}@{cfg.hardware}", cfg.model, cfg.hardware, cfg.max_seq_len)
+    setting = Setting(f"{cfg.model}@{cfg.hardware}", cfg.model, cfg.hardware, cfg.max_seq_len,
+                      linear_model=cfg.linear_model)
     slots = kv_slot_budget(load_model(cfg.model), load_hardware(cfg.hardware)).num_slots
     method = Method(cfg.span_s, cfg.low_load_requests, cfg.warmup_frac, cfg.cooldown_frac, 3.0, cfg.max_num_seqs,
                     cfg.max_num_batched_tokens, 0.01, ())
