@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
+from pagedbench.refengine.engine import host_memory_arguments
 from pagedbench.refengine.engine import llm as llm_module
 from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
@@ -217,7 +218,7 @@ def test_an_abort_of_a_swapped_request_frees_its_host_blocks(loaded):
     (dict(swap_space=float("nan")), InvalidArgumentError, "swap_space must be a finite number of GiB >= 0"),
     (dict(swap_space="4"), InvalidArgumentError, "swap_space must be a number of GiB >= 0, got str '4'"),
     (dict(swap_space=True), InvalidArgumentError, "swap_space must be a number of GiB >= 0, got bool"),
-    (dict(swap_space=2.0**40), InsufficientMemoryError,
+    (dict(swap_space=2.0**40, preemption_mode="swap"), InsufficientMemoryError,
      r"swap_space=1099511627776.0 GiB needs 1,180,591,620,717,411,303,424 bytes of host memory but only [\d,]+ "
      "bytes are available"),
     (dict(preemption_mode="swap", allocator="contiguous"), InvalidArgumentError,
@@ -230,6 +231,23 @@ def test_bad_swap_arguments_are_refused_before_anything_is_allocated(kw, error, 
     monkeypatch.setattr(llm_module, "BlockPool", no_load)
     with pytest.raises(error, match=message):
         LLM(MODEL, **kw)
+
+
+def test_swap_space_is_held_against_the_host_only_in_swap_mode(monkeypatch):
+    """Recompute allocates no swap pool, so its size needs no memory (the default 4 GiB on a small host)."""
+    class Loaded(Exception):
+        pass
+
+    def loaded(*a, **k):
+        raise Loaded
+    monkeypatch.setattr(llm_module, "load_model", loaded)
+    monkeypatch.setattr(host_memory_arguments, "available_host_memory_bytes", lambda: 2**30)
+    with pytest.raises(Loaded):  # the checks passed: the model was about to load
+        LLM(MODEL, swap_space=2.0**40)
+    with pytest.raises(InvalidArgumentError, match="swap_space must be a finite number of GiB >= 0, got -1"):
+        LLM(MODEL, swap_space=-1)  # a bad value is still refused
+    with pytest.raises(InsufficientMemoryError, match="swap_space=4 GiB needs 4,294,967,296 bytes"):
+        LLM(MODEL, preemption_mode="swap")
 
 
 def test_a_victim_that_copied_on_write_in_the_same_step_swaps_out_the_copied_content(loaded):
