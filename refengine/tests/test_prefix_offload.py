@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
-from pagedbench.refengine.engine import llm as llm_module
 from pagedbench.refengine.engine import host_memory_arguments
+from pagedbench.refengine.engine import llm as llm_module
 from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.engine.schedule_plan import BlockSwap, SchedulerOutput
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError

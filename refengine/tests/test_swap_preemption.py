@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
-from pagedbench.refengine.engine import host_memory_arguments
+from pagedbench.refengine.engine import host_memory_arguments, model_executor
 from pagedbench.refengine.engine import llm as llm_module
-from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
