@@ -264,3 +264,41 @@ def test_a_victim_that_copied_on_write_in_the_same_step_swaps_out_the_copied_con
     got, llm = run(num_blocks=9, preemption_mode="swap", swap_space=gib(64))
     assert llm.stats.num_swap_outs > 0
     assert got == want
+
+
+class FailingAfterSwapIn:
+    """The scheduler's view of a block manager whose first append after a swap-in fails (the group's blocks
+    are placed; its later sequences are not yet marked running)."""
+
+    def __init__(self, inner, fault: Fault) -> None:
+        self.inner, self.fault = inner, fault
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def swap_in(self, tables):
+        placed = self.inner.swap_in(tables)
+        self.fault.armed = not self.fault.fired
+        return placed
+
+    def append_token(self, *args):
+        self.fault.hit()
+        return self.inner.append_token(*args)
+
+
+def test_a_planning_failure_inside_a_swap_in_loses_no_sequence(loaded, monkeypatch):
+    """Every sequence of the group being swapped in is recompute-preempted, those the swap-in had not
+    reached included: none is dropped with the device blocks it was given."""
+    from pagedbench.refengine.tests.test_swap_with_host_tier_faults import make_llm as both_llm
+    from pagedbench.refengine.tests.test_swap_with_host_tier_faults import workload as both_workload
+
+    prompts, params = both_workload()  # a two-sample group is swapped out, and in while nothing runs
+    want, _ = serve(both_llm(loaded, num_blocks=128, preemption_mode="recompute", kv_offloading_size=0), prompts,
+                    params)
+    llm = both_llm(loaded, kv_offloading_size=0)
+    fault = Fault()
+    monkeypatch.setattr(llm.scheduler, "block_manager", FailingAfterSwapIn(llm.block_manager, fault))
+    got, _ = serve(llm, prompts, params, seam="planning")  # (checks that no device block is left held)
+    assert fault.fired == 1 and llm.stats.num_swap_ins >= 1
+    assert got == want
+    assert_host_free(llm)
