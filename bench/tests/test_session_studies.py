@@ -101,7 +101,9 @@ def test_multi_turn_host_tier_loads_back_what_the_device_evicts():
         [r["hit_tokens"] for r in runs["device", 1.25]["rounds"]]
     text = multi_turn_report.markdown(doc)
     assert "host hit rate" in text and "kv_offloading_size" in text
-    assert "0.035 by round 9" in text and "0.80 with the host tier" in text
+    # only what the sources say in text is cited; the per-round figures they do not give are said to be absent
+    assert "the cache hit rate jumped from 40% to 80%" in text and "up to 80% reduction in TTFT" in text
+    assert "could not be found in these sources" in text
     comp = multi_turn_report.tier_comparison(doc)
     assert {(c["round"], c["tier"]) for c in comp} == {(k, t) for k in range(3) for t in ("device", "host")}
     assert all(c["budget_share"] == 0.1 for c in comp)
