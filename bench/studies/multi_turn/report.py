@@ -10,12 +10,12 @@ from tabulate import tabulate
 #: it in text. Their per-round hit rates exist only as plotted figures (Mooncake's page), so no per-round
 #: figure is cited here.
 SGLANG_HICACHE = {
-    "blog": "https://lmsys.org/blog/2025-09-10-sglang-hicache/ (lm-sys/lm-sys.github.io, "
-            "blog/2025-09-10-sglang-hicache.md)",
+    "blog": "https://lmsys.org/blog/2025-09-10-sglang-hicache/, source lm-sys/lm-sys.github.io "
+            "blog/2025-09-10-sglang-hicache.md",
     "community": "Novita AI, a coding agent on Qwen3-Coder-480B (sessions past 25K tokens, about 8 turns) with "
                  "HiCache and DeepSeek 3FS: \"the cache hit rate jumped from 40% to 80%\", average TTFT down 56%, "
                  "throughput doubled",
-    "own": "\"up to 6x throughput improvement and up to 80% reduction in TTFT\" on its long-context and "
+    "own": "\"up to 6× throughput improvement and up to 80% reduction in TTFT\" on its long-context and "
            "multi-turn benchmarks (benchmark/hicache/bench_multiturn.py: 80 clients x 10 rounds)",
     "per_round": "Mooncake's benchmark page (kvcache-ai/Mooncake, "
                  "docs/source/performance/sglang-hicache-benchmark-results-v1.md) plots TTFT and cache hit rate "
