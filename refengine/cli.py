@@ -21,29 +21,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedbench.refengine.cli_arguments import build_parser, check_host_memory_arguments
 from pagedbench.refengine.engine.sampling_params import SamplingParams
-from pagedbench.refengine.errors import InvalidArgumentError
+from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 from pagedbench.refengine.model.chat_template import ChatTemplateError, chat_template, render_chat
 
 if TYPE_CHECKING:
     from pagedbench.refengine.engine.outputs import RequestOutput
     from pagedbench.refengine.engine.stats import LLMStats
-
-DESCRIPTION = """\
-Serve a few prompts with the reference engine and print the completions, then the run's stats
-(requests, tokens, elapsed time, input and output tokens/s).
-
---model is a local Hugging Face folder (e.g. models/SmolLM2-135M-Instruct, which make model builds), a
-model .yaml, or a named random config (tiny, small...: nothing to download; token ids only).
-
-examples:
-  python -m pagedbench.refengine generate --model tiny --prompt-ids 1,2,3
-  python -m pagedbench.refengine generate --model models/SmolLM2-135M-Instruct --chat --prompt "Hi!"
-"""
-
-#: dtype names --dtype takes (the loader's names; checked here so that torch is not imported for --help)
-DTYPE_NAMES = ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16", "half", "float")
-
 
 class CLIError(Exception):
     """A mistake on the command line: printed as ``error: ...`` with exit status 2, no traceback."""
@@ -76,67 +61,6 @@ def resolve_model(spec: str):
     raise CLIError(f"--model {spec!r}: no such model folder or .yaml config, and not a named config{known}")
 
 
-def parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3; got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("expected at least one token id")
-    return ids
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pagedbench.refengine", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="serve prompts and print the completions", description=DESCRIPTION,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    gen.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
-    gen.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
-    gen.add_argument("--prompt-ids", action="append", default=[], type=parse_ids, metavar="IDS",
-                     help="a prompt of comma-separated token ids (repeatable)")
-    gen.add_argument("--max-tokens", type=int, default=16, help="new tokens per prompt (default 16)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
-    gen.add_argument("--seed", type=int, default=0, help="random weights and sampling (default 0)")
-    gen.add_argument("--dtype", default=None, choices=DTYPE_NAMES, metavar="DTYPE",
-                     help="float32, bfloat16 or float16 (default: the model's)")
-    gen.add_argument("--chat", action="store_true", help="apply the model folder's chat template to text prompts")
-    gen.add_argument("--batch-invariant", action="store_true",
-                     help="logits bit-identical whatever else is in the batch (slower)")
-    gen.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                     help="run the model on N ranks (processes), each a slice of every layer (default 1)")
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)",
-                           description=SERVE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--model", required=True, help="HF folder, model .yaml, or a named config (e.g. tiny)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    serve.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    serve.add_argument("--seed", type=int, default=0, help="random weights and sampling (default 0)")
-    serve.add_argument("--dtype", default=None, choices=DTYPE_NAMES, metavar="DTYPE",
-                       help="float32, bfloat16 or float16 (default: the model's)")
-    serve.add_argument("--num-blocks", type=int, default=None, help="KV pool blocks (default: the engine's)")
-    serve.add_argument("--max-num-seqs", type=int, default=64, help="running batch size limit (default 64)")
-    serve.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (default 512)")
-    serve.add_argument("--max-model-len", type=int, default=None, help="default: the model's maximum")
-    serve.add_argument("--batch-invariant", action="store_true",
-                       help="logits bit-identical whatever else is in the batch (slower)")
-    serve.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                       help="run the model on N ranks (processes), each a slice of every layer (default 1)")
-    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    return parser
-
-
-SERVE_DESCRIPTION = """Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health,
-/metrics) with the reference engine, streaming tokens as steps produce them.
-
-examples:
-  python -m pagedbench.refengine serve --model tiny --port 8000      # token-id prompts only
-  python -m pagedbench.refengine serve --model models/SmolLM2-135M-Instruct
-"""
-
-
 def check_serve_arguments(args: argparse.Namespace):
     """Everything ``serve`` can check without the weights: returns the model source."""
     if not 0 < args.port < 65536:
@@ -147,10 +71,16 @@ def check_serve_arguments(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    check_host_memory_arguments(args)
     missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
         raise CLIError(f"serve needs {', '.join(missing)}: pip install 'pagedbench[serve]'")
     return resolve_model(args.model)
+
+
+def host_memory_kwargs(args: argparse.Namespace) -> dict:
+    return {"preemption_mode": args.preemption_mode, "swap_space": args.swap_space,
+            "kv_offloading_size": args.kv_offloading_size}
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -162,7 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant,
               num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, **host_memory_kwargs(args))
     folder = source if isinstance(source, str) and Path(source).expanduser().is_dir() else None
     with llm:  # (its tensor-parallel workers stopped on the way out)
         serve_forever(llm, model_name=args.served_model_name or args.model, model_folder=folder, host=args.host,
@@ -196,13 +126,27 @@ def format_stats(s: LLMStats, load: tuple[float, int] | None = None) -> str:
     says so rather than let a reader take it for the engine's speed."""
     line = (f"stats: {s.num_requests} requests, {s.num_prompt_tokens} prompt tokens, {s.num_generated_tokens} "
             f"generated tokens in {s.elapsed_s:.3f} s ({s.num_steps} steps): input {s.input_tokens_per_s:.1f} "
-            f"tok/s, output {s.output_tokens_per_s:.1f} tok/s")
+            f"tok/s, output {s.output_tokens_per_s:.1f} tok/s{preemption_stats(s)}")
     if load is None:
         load = machine_load()
     if load is not None and load[0] > load[1]:
         line += (f" [machine loaded: load average {load[0]:.1f} on {load[1]} cores; other work shares them, "
                  "so these rates read low]")
     return line
+
+
+def preemption_stats(s: LLMStats) -> str:
+    """What the stats line adds when it happened: preemptions, swaps, the prefix cache's host tier."""
+    parts = []
+    if s.num_preemptions:
+        parts.append(f"{s.num_preemptions} preemptions")  # (swapped sequences included)
+    if s.num_swap_outs or s.num_swap_fallbacks:
+        parts.append(f"swaps: {s.num_swap_outs} groups out ({s.num_swapped_out_blocks} blocks), {s.num_swap_ins} in"
+                     + (f", {s.num_swap_fallbacks} fell back to recompute" if s.num_swap_fallbacks else ""))
+    if s.num_host_blocks:
+        parts.append(f"host tier of {s.num_host_blocks} blocks: {s.prefix_host_hit_tokens} prompt tokens loaded, "
+                     f"{s.num_offloaded_blocks} blocks stored")
+    return "".join(f"; {p}" for p in parts)
 
 
 def machine_load() -> tuple[float, int] | None:
@@ -219,8 +163,11 @@ def check_arguments(args: argparse.Namespace):
         raise CLIError("give at least one --prompt TEXT or --prompt-ids 1,2,3")
     if args.seed < 0:
         raise CLIError(f"--seed must be >= 0; got {args.seed}")
-    if args.tensor_parallel_size < 1:
-        raise CLIError(f"--tensor-parallel-size must be >= 1; got {args.tensor_parallel_size}")
+    for name in ("tensor_parallel_size", "num_blocks"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CLIError(f"--{name.replace('_', '-')} must be >= 1; got {value}")
+    check_host_memory_arguments(args)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     source = resolve_model(args.model)
     is_folder = isinstance(source, str) and Path(source).expanduser().is_dir()
@@ -240,7 +187,8 @@ def generate(args: argparse.Namespace) -> int:
     from pagedbench.refengine.engine.llm import LLM
 
     llm = LLM(source, dtype=args.dtype, seed=args.seed, batch_invariant=args.batch_invariant,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, num_blocks=args.num_blocks,
+              enable_prefix_caching=args.enable_prefix_caching, **host_memory_kwargs(args))
     with llm:
         return _generate(args, llm, source, params, start)
 
@@ -263,6 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return serve(args) if args.command == "serve" else generate(args)
-    except (CLIError, FileNotFoundError, InvalidArgumentError) as e:
+    except (CLIError, FileNotFoundError, InvalidArgumentError, InsufficientMemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -36,6 +36,8 @@ import torch
 from pagedbench.refengine.engine.beam_params import BeamSearchOutput, BeamSearchParams
 from pagedbench.refengine.engine.core import EngineCore, StepReport, WallClock
 from pagedbench.refengine.engine.cpu_threads import engine_threads
+from pagedbench.refengine.engine.host_memory_arguments import kv_offloading_bytes as _kv_offloading_bytes
+from pagedbench.refengine.engine.host_memory_arguments import swap_space_bytes as _swap_space_bytes
 from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.engine.llm_arguments import (
     ALLOCATORS,
@@ -45,9 +47,7 @@ from pagedbench.refengine.engine.llm_arguments import (
     PREEMPTION_MODES,
     poison_from_env,
 )
-from pagedbench.refengine.engine.llm_arguments import kv_offloading_bytes as _kv_offloading_bytes
 from pagedbench.refengine.engine.llm_arguments import positive as _positive
-from pagedbench.refengine.engine.llm_arguments import swap_space_bytes as _swap_space_bytes
 from pagedbench.refengine.engine.llm_arguments import tensor_parallel_size as _tensor_parallel_size
 from pagedbench.refengine.engine.model_executor import ModelExecutor
 from pagedbench.refengine.engine.outputs import RequestOutput
@@ -140,8 +140,8 @@ class LLM:
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
         swap_bytes = _swap_space_bytes(preemption_mode, swap_space, allocator, self.tensor_parallel_size)
-        offload_bytes = _kv_offloading_bytes(kv_offloading_size, swap_bytes, preemption_mode, allocator,
-                                             enable_prefix_caching, self.tensor_parallel_size)
+        offload_bytes = _kv_offloading_bytes(kv_offloading_size, swap_bytes, allocator, enable_prefix_caching,
+                                             self.tensor_parallel_size)
         if allocator not in ALLOCATORS:
             raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
         if not isinstance(policy, str) or policy not in POLICIES:

@@ -127,10 +127,12 @@ class SwapPreemption:
             del self.swapped[0]
             self.num_swap_ins += 1
             self.num_swapped_in_blocks += len(placed)
+            # every sequence of the group holds device blocks now: all are the step's to undo, even those
+            # the loop below does not reach when planning fails in it
+            self._swapped_in_step.extend(seqs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
                 priority_order.insort(self.running, seq)
-                self._swapped_in_step.append(seq)
                 seats += seq.seats
                 if seq.num_table_tokens < seq.num_tokens:  # room was counted above: cannot fail
                     pairs = bm.append_token(seq.seq_id, seq.token_ids[-1])
@@ -154,12 +156,14 @@ class SwapPreemption:
         """roll_back's part: see the module docstring."""
         bm = self.block_manager
         for seq in self._swapped_in_step:
-            if seq.status is SequenceStatus.RUNNING and seq in self.running:  # (no chunk: plan left it)
-                bm.free(seq.seq_id)
+            if not bm.has_sequence(seq.seq_id):  # (a chunk of the step: roll_back freed and queued it)
+                continue
+            bm.free(seq.seq_id)
+            if seq in self.running:  # else planning failed before it was marked running
                 self.running.remove(seq)
-                seq.num_computed_tokens = seq.num_table_tokens = seq.num_admitted_tokens = 0
-                seq.num_preemptions += 1
-                self.add(seq)
+            seq.num_computed_tokens = seq.num_table_tokens = seq.num_admitted_tokens = 0
+            seq.num_preemptions += 1
+            self.add(seq)
         for group in self._swapped_out_step:
             if group in self.swapped:
                 self._recompute_swapped(group)

@@ -12,49 +12,10 @@ scheduler holds which host blocks a swapped group owns). It is FIFO, like the de
 
 from __future__ import annotations
 
-import os
 from collections import deque
 
 import torch
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
-
-GIB = 1 << 30
-
-
-def available_host_memory_bytes() -> int | None:
-    """The host memory free for a new allocation now: psutil's ``available`` when it is installed, else
-    the free physical pages (``os.sysconf``); None when neither tells."""
-    try:
-        import psutil
-    except ImportError:
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return int(psutil.virtual_memory().available)
-
-
-def checked_host_space_bytes(name: str, gib: object, available: int | None, *, also_bytes: int = 0,
-                             also: str = "") -> int:
-    """``gib`` (the argument ``name``, GiB, an int or float >= 0) in bytes, refused when it is not a finite
-    number >= 0 or when it and ``also_bytes`` (another host pool, named ``also``) together are more than
-    ``available`` bytes (None: not checked)."""
-    if isinstance(gib, bool) or not isinstance(gib, (int, float)):
-        raise InvalidArgumentError(f"{name} must be a number of GiB >= 0, got {type(gib).__name__} {gib!r}")
-    if not gib >= 0 or gib == float("inf"):  # (NaN fails the first test)
-        raise InvalidArgumentError(f"{name} must be a finite number of GiB >= 0, got {gib!r}")
-    size = int(gib * GIB)
-    if available is not None and size + also_bytes > available:
-        beside = f" (beside {also}'s {also_bytes:,})" if also_bytes else ""
-        raise InsufficientMemoryError(f"{name}={gib} GiB needs {size:,} bytes of host memory{beside} but "
-                                      f"only {available:,} bytes are available")
-    return size
-
-
-def checked_swap_space_bytes(swap_space: object, available: int | None) -> int:
-    """``swap_space`` (GiB, an int or float >= 0) in bytes, refused when it is not a finite number >= 0
-    or more than ``available`` bytes (None: not checked)."""
-    return checked_host_space_bytes("swap_space", swap_space, available)
 
 
 class HostBlockPool:

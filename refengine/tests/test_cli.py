@@ -207,3 +207,121 @@ def test_the_stats_line_says_when_the_machine_is_loaded():
                          "read low]")
     idle = format_stats(llm.stats, load=(1.5, 2))
     assert idle.endswith("tok/s") and busy.startswith(idle)
+
+
+class Captured(Exception):
+    """Raised in place of building the LLM: its keyword arguments are in ``args[0]``."""
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_the_kv_memory_flags_reach_the_engine(command, monkeypatch):
+    if command == "serve":
+        pytest.importorskip("uvicorn")
+    from pagedbench.refengine.engine import llm as llm_module
+
+    def capture(self, model, **kwargs):
+        raise Captured(kwargs)
+    monkeypatch.setattr(llm_module.LLM, "__init__", capture)
+    prompt = ["--prompt-ids", "1"] if command == "generate" else []
+    argv = [command, "--model", "tiny", *prompt, "--num-blocks", "7", "--preemption-mode", "swap",
+            "--swap-space", "0.5", "--kv-offloading-size", "0.25"]
+    with pytest.raises(Captured) as e:
+        main(argv)
+    got = e.value.args[0]
+    assert {k: got[k] for k in ("num_blocks", "preemption_mode", "swap_space", "kv_offloading_size")} == \
+        {"num_blocks": 7, "preemption_mode": "swap", "swap_space": 0.5, "kv_offloading_size": 0.25}
+    with pytest.raises(Captured) as e:
+        main([command, "--model", "tiny", *prompt])
+    defaults = e.value.args[0]  # the engine's and vLLM's defaults
+    assert (defaults["preemption_mode"], defaults["swap_space"], defaults["kv_offloading_size"]) == ("recompute", 4, 0)
+    if command == "generate":
+        assert got["enable_prefix_caching"] is True and defaults["num_blocks"] is None
+        with pytest.raises(Captured) as e:
+            main([*argv[:-2], "--no-enable-prefix-caching"])
+        assert e.value.args[0]["enable_prefix_caching"] is False
+
+
+def tiny_prompts(*lengths: int) -> list[list[int]]:
+    return [[(7 * i + 3 * k + 1) % 512 for i in range(n)] for k, n in enumerate(lengths)]
+
+
+def test_a_small_pool_with_swap_prints_its_swaps_and_keeps_the_tokens(capsys):
+    """Two sequences that cannot both fit 5 blocks: swap mode swaps one out and back, recompute recomputes it;
+    the completions are those of a pool that fits both."""
+    prompts = [["--prompt-ids", ",".join(map(str, p))] for p in tiny_prompts(3, 3)]
+    argv = ["generate", "--model", "tiny", *prompts[0], *prompts[1], "--max-tokens", "40"]
+    assert main(argv) == 0
+    roomy = capsys.readouterr().out.splitlines()
+    assert "preemptions" not in roomy[-1] and "swaps" not in roomy[-1]
+    assert main([*argv, "--num-blocks", "5", "--preemption-mode", "swap"]) == 0
+    swapped = capsys.readouterr().out.splitlines()
+    assert swapped[:-1] == roomy[:-1]
+    assert "; 1 preemptions; swaps: 1 groups out (2 blocks), 1 in" in swapped[-1]
+    assert main([*argv, "--num-blocks", "5"]) == 0
+    recomputed = capsys.readouterr().out.splitlines()
+    assert recomputed[:-1] == roomy[:-1] and "; 1 preemptions" in recomputed[-1] and "swaps" not in recomputed[-1]
+
+
+def test_a_repeated_prompt_is_loaded_from_the_host_tier(capsys):
+    """The first prompt's cached blocks are evicted by the second's; the third repeats the first and loads
+    them from the host tier: the line reports the engine's own counts for the same settings."""
+    prompts = tiny_prompts(40, 70)
+    prompts.append(prompts[0])
+    argv = ["generate", "--model", "tiny", *[a for p in prompts for a in ("--prompt-ids", ",".join(map(str, p)))],
+            "--max-tokens", "4", "--num-blocks", "6"]
+    assert main([*argv, "--kv-offloading-size", "0.01"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    llm = LLM(ModelConfig.from_yaml(named_configs_path(), name="tiny"), seed=0, num_blocks=6, kv_offloading_size=0.01)
+    llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
+    st = llm.stats
+    assert st.prefix_host_hit_tokens > 0 and st.num_host_blocks == int(0.01 * 2**30) // llm.pool.bytes_per_block
+    assert (f"; host tier of {st.num_host_blocks} blocks: {st.prefix_host_hit_tokens} prompt tokens loaded, "
+            f"{st.num_offloaded_blocks} blocks stored") in line
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--swap-space", "-1"], "swap_space must be a finite number of GiB >= 0, got -1.0"),
+    (["--swap-space", "nan", "--preemption-mode", "swap"], "swap_space must be a finite number of GiB >= 0, got nan"),
+    (["--kv-offloading-size", "-0.5"], "kv_offloading_size must be a finite number of GiB >= 0, got -0.5"),
+    (["--kv-offloading-size", "inf"], "kv_offloading_size must be a finite number of GiB >= 0, got inf"),
+    (["--preemption-mode", "swap"], "swap_space=4 GiB needs 4,294,967,296 bytes of host memory but only "
+                                    "3,221,225,472 bytes are available"),
+    (["--preemption-mode", "swap", "--swap-space", "2", "--kv-offloading-size", "2"],
+     "kv_offloading_size=2.0 GiB needs 2,147,483,648 bytes of host memory (beside swap_space's 2,147,483,648) but "
+     "only 3,221,225,472 bytes are available"),
+    (["--preemption-mode", "swap", "--tensor-parallel-size", "2"],
+     "preemption_mode='swap' is not supported with tensor_parallel_size > 1 yet"),
+    (["--kv-offloading-size", "1", "--tensor-parallel-size", "2"],
+     "kv_offloading_size is not supported with tensor_parallel_size > 1 yet"),
+    (["--num-blocks", "0"], "--num-blocks must be >= 1; got 0"),
+], ids=["swap-negative", "swap-nan", "offload-negative", "offload-inf", "swap-too-large", "both-too-large",
+        "swap-tp", "offload-tp", "no-blocks"])
+def test_bad_kv_memory_flags_are_refused_before_the_model_loads(command, argv, message, monkeypatch, capsys):
+    if command == "serve":
+        pytest.importorskip("uvicorn")
+    from pagedbench.refengine.engine import host_memory_arguments
+    from pagedbench.refengine.engine import llm as llm_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+    monkeypatch.setattr(llm_module.LLM, "__init__", never)
+    monkeypatch.setattr(host_memory_arguments, "available_host_memory_bytes", lambda: 3 * 2**30)  # a small host
+    prompt = ["--prompt-ids", "1"] if command == "generate" else []
+    assert main([command, "--model", "tiny", *prompt, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_the_host_tier_needs_prefix_caching_on_the_command_line(capsys):
+    assert main(["generate", "--model", "tiny", "--prompt-ids", "1", "--kv-offloading-size", "1",
+                 "--no-enable-prefix-caching"]) == 2
+    assert "kv_offloading_size=1.0 is a host tier of the prefix cache: it needs the paged allocator with " \
+           "enable_prefix_caching=True, got allocator='paged', enable_prefix_caching=False" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["abc", ""])
+def test_a_non_numeric_size_is_an_argparse_error(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", "tiny", "--prompt-ids", "1", "--swap-space", value])
+    assert e.value.code == 2 and f"argument --swap-space: invalid float value: '{value}'" in capsys.readouterr().err

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
+from pagedbench.refengine.engine import host_memory_arguments
 from pagedbench.refengine.engine import llm as llm_module
-from pagedbench.refengine.engine import llm_arguments
 from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.engine.schedule_plan import BlockSwap, SchedulerOutput
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
@@ -319,11 +319,11 @@ def test_bad_offloading_sizes_are_refused_before_anything_is_allocated(kw, error
     monkeypatch.setattr(llm_module, "load_model", no_load)
     monkeypatch.setattr(llm_module, "BlockPool", no_load)
     monkeypatch.setattr(llm_module, "HostBlockPool", no_load)
-    monkeypatch.setattr(llm_arguments, "available_host_memory_bytes", lambda: AVAILABLE)
+    monkeypatch.setattr(host_memory_arguments, "available_host_memory_bytes", lambda: AVAILABLE)
     if kw.get("tensor_parallel_size", 1) > 1:  # (the size is checked against the machine first)
         monkeypatch.setattr(llm_module, "_tensor_parallel_size", lambda *a: 2)
     with pytest.raises(error, match=message):
-        LLM(MODEL, swap_space=kw.pop("swap_space", 1), **kw)
+        LLM(MODEL, **kw)  # (swap_space's default 4 GiB is not held against the 3 GiB: no swap pool)
 
 
 def test_a_block_manager_refuses_a_host_tier_it_cannot_use():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from pagedbench.refengine import LLM, SamplingParams, load_model
+from pagedbench.refengine.engine import host_memory_arguments, model_executor
 from pagedbench.refengine.engine import llm as llm_module
-from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.errors import InsufficientMemoryError, InvalidArgumentError
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
@@ -217,7 +217,7 @@ def test_an_abort_of_a_swapped_request_frees_its_host_blocks(loaded):
     (dict(swap_space=float("nan")), InvalidArgumentError, "swap_space must be a finite number of GiB >= 0"),
     (dict(swap_space="4"), InvalidArgumentError, "swap_space must be a number of GiB >= 0, got str '4'"),
     (dict(swap_space=True), InvalidArgumentError, "swap_space must be a number of GiB >= 0, got bool"),
-    (dict(swap_space=2.0**40), InsufficientMemoryError,
+    (dict(swap_space=2.0**40, preemption_mode="swap"), InsufficientMemoryError,
      r"swap_space=1099511627776.0 GiB needs 1,180,591,620,717,411,303,424 bytes of host memory but only [\d,]+ "
      "bytes are available"),
     (dict(preemption_mode="swap", allocator="contiguous"), InvalidArgumentError,
@@ -230,6 +230,23 @@ def test_bad_swap_arguments_are_refused_before_anything_is_allocated(kw, error, 
     monkeypatch.setattr(llm_module, "BlockPool", no_load)
     with pytest.raises(error, match=message):
         LLM(MODEL, **kw)
+
+
+def test_swap_space_is_held_against_the_host_only_in_swap_mode(monkeypatch):
+    """Recompute allocates no swap pool, so its size needs no memory (the default 4 GiB on a small host)."""
+    class Loaded(Exception):
+        pass
+
+    def loaded(*a, **k):
+        raise Loaded
+    monkeypatch.setattr(llm_module, "load_model", loaded)
+    monkeypatch.setattr(host_memory_arguments, "available_host_memory_bytes", lambda: 2**30)
+    with pytest.raises(Loaded):  # the checks passed: the model was about to load
+        LLM(MODEL, swap_space=2.0**40)
+    with pytest.raises(InvalidArgumentError, match="swap_space must be a finite number of GiB >= 0, got -1"):
+        LLM(MODEL, swap_space=-1)  # a bad value is still refused
+    with pytest.raises(InsufficientMemoryError, match="swap_space=4 GiB needs 4,294,967,296 bytes"):
+        LLM(MODEL, preemption_mode="swap")
 
 
 def test_a_victim_that_copied_on_write_in_the_same_step_swaps_out_the_copied_content(loaded):
@@ -247,3 +264,41 @@ def test_a_victim_that_copied_on_write_in_the_same_step_swaps_out_the_copied_con
     got, llm = run(num_blocks=9, preemption_mode="swap", swap_space=gib(64))
     assert llm.stats.num_swap_outs > 0
     assert got == want
+
+
+class FailingAfterSwapIn:
+    """The scheduler's view of a block manager whose first append after a swap-in fails (the group's blocks
+    are placed; its later sequences are not yet marked running)."""
+
+    def __init__(self, inner, fault: Fault) -> None:
+        self.inner, self.fault = inner, fault
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def swap_in(self, tables):
+        placed = self.inner.swap_in(tables)
+        self.fault.armed = not self.fault.fired
+        return placed
+
+    def append_token(self, *args):
+        self.fault.hit()
+        return self.inner.append_token(*args)
+
+
+def test_a_planning_failure_inside_a_swap_in_loses_no_sequence(loaded, monkeypatch):
+    """Every sequence of the group being swapped in is recompute-preempted, those the swap-in had not
+    reached included: none is dropped with the device blocks it was given."""
+    from pagedbench.refengine.tests.test_swap_with_host_tier_faults import make_llm as both_llm
+    from pagedbench.refengine.tests.test_swap_with_host_tier_faults import workload as both_workload
+
+    prompts, params = both_workload()  # a two-sample group is swapped out, and in while nothing runs
+    want, _ = serve(both_llm(loaded, num_blocks=128, preemption_mode="recompute", kv_offloading_size=0), prompts,
+                    params)
+    llm = both_llm(loaded, kv_offloading_size=0)
+    fault = Fault()
+    monkeypatch.setattr(llm.scheduler, "block_manager", FailingAfterSwapIn(llm.block_manager, fault))
+    got, _ = serve(llm, prompts, params, seam="planning")  # (checks that no device block is left held)
+    assert fault.fired == 1 and llm.stats.num_swap_ins >= 1
+    assert got == want
+    assert_host_free(llm)

@@ -3,6 +3,8 @@ only the paper's statement is written by hand (:data:`PAPER`)."""
 
 from __future__ import annotations
 
+import statistics
+
 from pagedbench.bench.common.environment import environment_markdown
 from tabulate import tabulate
 
@@ -37,36 +39,68 @@ def _cpu_table(doc: dict) -> str:
     return tabulate(rows, head, tablefmt="github")
 
 
+def _with_interval(e: dict | None, fmt: str = ".3g") -> str:
+    """``mean`` alone for one seed (no interval to speak of), else ``mean [low, high]``."""
+    if e is None:
+        return "-"
+    mean = format(e["mean"], fmt)
+    return mean if e["num_seeds"] < 2 else f"{mean} [{e['low']:{fmt}}, {e['high']:{fmt}}]"
+
+
+def _mean_ms(e: dict | None) -> str:
+    return _ms(None if e is None else e["mean"])
+
+
+def _half_width(e: dict) -> float:
+    """The 95% interval's half width as a share of the mean."""
+    return (e["high"] - e["low"]) / 2 / e["mean"]
+
+
+def _points(n: int) -> str:
+    return f"{n} point" if n == 1 else f"{n} points"
+
+
 def _sim_table(doc: dict) -> str:
     by = {}
     for p in doc["simulated"]:
         by.setdefault((p["block_size"], p["rate"]), {}).setdefault(p["mode"], []).append(p)
-    rows = []
-    for (bs, rate), modes in sorted(by.items()):
-        rec, swap = modes["recompute"], modes["swap"]
 
-        def mean(ps, key):
-            vals = [p[key] for p in ps if p[key] is not None]
-            return sum(vals) / len(vals) if vals else None
-        lr, ls = mean(rec, "normalized_latency_s"), mean(swap, "normalized_latency_s")
-        rows.append([bs, rate, _ms(lr), _ms(ls), "-" if not (lr and ls) else f"{lr / ls:.3f}",
+    def mean(ps, key):
+        vals = [p[key] for p in ps if p[key] is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+    rows = []
+    for r in doc["paired"]:
+        modes = by[(r["block_size"], r["rate"])]
+        rec, swap = modes["recompute"], modes["swap"]
+        rows.append([r["block_size"], r["rate"], _mean_ms(r["recompute_s"]), _mean_ms(r["swap_s"]),
+                     _with_interval(r["recompute_over_swap"], fmt=".3f"),
                      f"{mean(rec, 'num_preemptions'):.0f} / {mean(swap, 'num_preemptions'):.0f}",
                      f"{mean(swap, 'num_swapped_out_blocks'):.0f}", f"{mean(swap, 'copy_s'):.3g}"])
-    head = ["block size", "rate (req/s)", "recompute (ms/token)", "swap (ms/token)", "recompute / swap",
-            "preemptions (rec. / swap)", "blocks swapped out", "copy time (s)"]
+    head = ["block size", "rate (req/s)", "recompute (ms/token)", "swap (ms/token)", "recompute / swap (paired, 95% "
+            "interval)", "preemptions (rec. / swap)", "blocks swapped out", "copy time (s)"]
     return tabulate(rows, head, tablefmt="github")
 
 
 def _sim_verdict(doc: dict) -> str:
-    """How far apart the two modes' end-to-end latencies are (recompute / swap), over every point."""
-    pairs = {}
-    for p in doc["simulated"]:
-        pairs.setdefault((p["block_size"], p["rate"], p["seed"]), {})[p["mode"]] = p["normalized_latency_s"]
-    ratios = [m["recompute"] / m["swap"] for m in pairs.values() if m.get("recompute") and m.get("swap")]
+    """How far apart the two modes' end-to-end latencies are (recompute / swap, paired by seed), over every
+    point, and where the 95% interval says which mode is faster."""
+    ratios = [r["recompute_over_swap"] for r in doc["paired"] if r["recompute_over_swap"] is not None]
     if not ratios:
         return "No point has both modes' latency."
-    return (f"End to end, recompute's normalized latency is {min(ratios):.2f}x to {max(ratios):.2f}x swap's over "
-            f"these {len(ratios)} points (below 1: recompute is faster).")
+    means = [e["mean"] for e in ratios]
+    line = (f"End to end, recompute's normalized latency is {min(means):.2f}x to {max(means):.2f}x swap's over "
+            f"these {len(ratios)} points (below 1: recompute is faster)")
+    if min(e["num_seeds"] for e in ratios) < 2:
+        return line + "; one seed: no interval."
+    faster = sum(e["high"] < 1 for e in ratios)
+    slower = sum(e["low"] > 1 for e in ratios)
+    modes = [r[k] for r in doc["paired"] for k in ("recompute_s", "swap_s") if r[k] and r[k]["num_seeds"] > 1]
+    spread = statistics.median(_half_width(e) for e in modes)
+    return (line + f". Paired over {ratios[0]['num_seeds']} seeds, the 95% interval lies below 1 (recompute "
+            f"faster) at {_points(faster)}, above 1 (swap faster) at {_points(slower)}, and holds 1 at the other "
+            f"{_points(len(ratios) - faster - slower)}. The pairing is what makes that visible: seed to seed, each "
+            f"mode's own mean latency moves by +-{spread:.0%} (the median half width of its 95% interval; the "
+            f"traces differ), the paired ratio by +-{statistics.median(_half_width(e) for e in ratios):.1%}.")
 
 
 def markdown(doc: dict) -> str:
@@ -97,7 +131,9 @@ def markdown(doc: dict) -> str:
         f"The real scheduler with each preemption mode ({cfg['policy']} policy, {doc['kv_slots']:,} KV slots, "
         f"a {cfg['swap_space_gib']:g} GiB host pool), {cfg['span_s']:g} s of arrivals, seeds {list(cfg['seeds'])}; "
         "a swapping step lasts as much longer as its copies cost. Normalized latency: mean end-to-end latency "
-        "per output token.", "",
+        "per output token. recompute / swap is paired by seed (the same arrivals in both modes): the geometric "
+        "mean of the per-seed ratios [the 95% Student-t interval of their logs]; the other columns are means "
+        "over seeds (the record has each mode's interval too).", "",
         _sim_table(doc), "",
         _sim_verdict(doc), "",
         f"Wall time: {doc['wall_s']:.0f} s.", "",

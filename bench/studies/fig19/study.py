@@ -20,7 +20,10 @@
 **(b) End to end.** The simulator (the real scheduler) serves ShareGPT-like requests, Poisson at a few
 rates, with ``preemption_mode`` recompute and swap (host pool: vLLM's default 4 GiB), the paper's
 scheduler policy (``separate``), at each block size; a swapping step lasts as much longer as its copies
-cost. Reported: mean normalized latency (s per output token), preemptions, blocks swapped and the copy time.
+cost. Reported: mean normalized latency (s per output token) over seeds with its 95% interval, the ratio
+recompute / swap paired by seed (both modes serve the same arrivals, so the trace-to-trace noise cancels:
+the geometric mean of the per-seed ratios with the Student-t interval of their logs), preemptions,
+blocks swapped and the copy time.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pagedbench.bench.common.model_files import MODELS_YAML
 from pagedbench.bench.common.quick_full import run_quick_or_full
 from pagedbench.bench.costmodel import StepCostModel, kv_slot_budget, load_hardware, load_model
 from pagedbench.bench.costmodel.host_link import BlockCopyCost
+from pagedbench.bench.sim.capacity_search import estimate, log_estimate
 from pagedbench.bench.sim.points import step_time_fn
 from pagedbench.bench.sim.simulator import AllocatorSpec, SimConfig, simulate
 
@@ -52,7 +56,7 @@ class Fig19Config:
     sim_block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     rates: tuple[float, ...] = (2.0, 2.5, 3.0)
     span_s: float = 300.0
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0, 1, 2)
     swap_space_gib: float = 4.0  # vLLM's default swap_space
     policy: str = "separate"
     max_num_batched_tokens: int = 2048
@@ -64,7 +68,7 @@ class Fig19Config:
 
 
 QUICK = Fig19Config(span_s=120.0, sim_block_sizes=(8, 16, 64, 256), cpu_block_sizes=(1, 16, 256), cpu_repeats=3)
-FULL = Fig19Config(seeds=(0, 1, 2), span_s=600.0, rates=(1.5, 2.0, 2.5, 3.0))
+FULL = Fig19Config(seeds=(0, 1, 2, 3, 4), span_s=600.0, rates=(1.5, 2.0, 2.5, 3.0))
 
 
 def _recompute_s(cost: StepCostModel, num_tokens: int) -> float:
@@ -157,20 +161,46 @@ def sim_rows(cfg: Fig19Config, progress: bool = True) -> list[dict]:
                     rows.append(_sim_point(cfg, bs, rate, seed, mode))
             if progress:
                 got = {r["mode"]: r["normalized_latency_s"] for r in rows[-2:]}
-                print(f"  bs={bs} rate={rate}: recompute {got['recompute']:.4f}, swap {got['swap']:.4f} s/token",
-                      flush=True)
+                print(f"  bs={bs} rate={rate} (seed {seed}): recompute {got['recompute']:.4f}, swap "
+                      f"{got['swap']:.4f} s/token", flush=True)
+    return rows
+
+
+def _interval(e) -> dict:
+    return {"mean": e.mean, "low": e.low, "high": e.high, "num_seeds": e.num_seeds}
+
+
+def paired_rows(points: list[dict]) -> list[dict]:
+    """Per (block size, rate): each mode's normalized latency over seeds (mean, 95% interval) and the
+    ratio recompute / swap paired by seed (None where no seed has both latencies)."""
+    by: dict[tuple[int, float], dict[str, dict[int, float]]] = {}
+    for p in points:
+        if p["normalized_latency_s"] is not None:
+            by.setdefault((p["block_size"], p["rate"]), {}).setdefault(p["mode"], {})[p["seed"]] = \
+                p["normalized_latency_s"]
+    rows = []
+    for (bs, rate), modes in sorted(by.items()):
+        rec, swap = modes.get("recompute", {}), modes.get("swap", {})
+        seeds = sorted(set(rec) & set(swap))
+        rows.append({"block_size": bs, "rate": rate,
+                     "recompute_s": _interval(estimate(list(rec.values()))) if rec else None,
+                     "swap_s": _interval(estimate(list(swap.values()))) if swap else None,
+                     "recompute_over_swap": _interval(log_estimate([rec[k] / swap[k] for k in seeds]))
+                     if seeds else None})
     return rows
 
 
 def run_study(cfg: Fig19Config, *, progress: bool = True) -> dict:
     slots = kv_slot_budget(load_model(cfg.model), load_hardware(cfg.hardware)).num_slots
-    return {"config": dataclasses.asdict(cfg), "kv_slots": slots, "cost_model": cost_model_rows(cfg),
-            "cpu_engine": cpu_engine_rows(cfg), "simulated": sim_rows(cfg, progress)}
+    doc = {"config": dataclasses.asdict(cfg), "kv_slots": slots, "cost_model": cost_model_rows(cfg),
+           "cpu_engine": cpu_engine_rows(cfg), "simulated": sim_rows(cfg, progress)}
+    doc["paired"] = paired_rows(doc["simulated"])
+    return doc
 
 
 def main(argv: list[str]) -> None:
     from pagedbench.bench.studies.fig19 import report
 
     run_quick_or_full(argv, prog="python -m pagedbench.bench fig19", description=__doc__,
-                      full_help="3 seeds, 10-minute spans, more rates and block sizes", quick=QUICK, full=FULL,
+                      full_help="5 seeds, 10-minute spans, more rates and block sizes", quick=QUICK, full=FULL,
                       run=run_study, markdown=report.markdown, name="fig19_swap")

@@ -22,7 +22,8 @@ pool's prefix cache alone, and ``host``, the same pool with the prefix cache's h
 every session's final history, so that no history the device evicts is lost. Its copies are priced over
 the GPU's host link (:class:`pagedbench.bench.costmodel.host_link.BlockCopyCost`, our engine's
 ``per_layer`` layout: one gathered copy per layer for K and for V a step) and added to the step that makes
-them. SGLang's HiCache benchmark is the published reference for the difference (the report cites it).
+them. SGLang's HiCache blog and Mooncake's HiCache benchmark page are the published references for
+the difference (the report cites what they say).
 """
 
 from __future__ import annotations
