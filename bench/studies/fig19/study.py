@@ -50,6 +50,7 @@ GIB = 1 << 30
 class Fig19Config:
     model: str = "opt-13b"
     hardware: str = "a100-40gb"
+    linear_model: str = "tile"  # the serving study's pricing of the linear layers (bench/sim/settings.py)
     block_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     sequence_tokens: int = 1024  # T: the preempted sequence whose KV is swapped or recomputed
     # (b)
@@ -78,7 +79,7 @@ def _recompute_s(cost: StepCostModel, num_tokens: int) -> float:
 
 def cost_model_rows(cfg: Fig19Config) -> list[dict]:
     model, hw = load_model(cfg.model), load_hardware(cfg.hardware)
-    cost = StepCostModel.from_profiles(model, hw)
+    cost = StepCostModel.from_profiles(model, hw, linear=cfg.linear_model)
     t = cfg.sequence_tokens
     recompute = _recompute_s(cost, t)
     rows = []
@@ -137,7 +138,7 @@ def cpu_engine_rows(cfg: Fig19Config) -> list[dict]:
 def _sim_point(cfg: Fig19Config, bs: int, rate: float, seed: int, mode: str) -> dict:
     model, hw = load_model(cfg.model), load_hardware(cfg.hardware)
     slots = kv_slot_budget(model, hw).num_slots
-    step = step_time_fn(StepCostModel.from_profiles(model, hw))
+    step = step_time_fn(StepCostModel.from_profiles(model, hw, linear=cfg.linear_model))
     copy = BlockCopyCost.of(model, hw, bs)
     step.block_copy_s = copy
     trace = workloads.synthetic("sharegpt", max(2, math.ceil(rate * cfg.span_s)), rate=rate, seed=seed)

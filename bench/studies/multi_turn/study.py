@@ -73,6 +73,7 @@ TIERS: dict[str, Callable[[MultiTurnConfig, int, int], dict]] = {"device": _devi
 class MultiTurnConfig:
     model: str = "llama-3.1-8b"
     hardware: str = "h100-sxm"
+    linear_model: str = "tile"  # the serving study's pricing of the linear layers (bench/sim/settings.py)
     max_seq_len: int = 8192
     num_clients: int = 256
     num_rounds: int = 5
@@ -139,7 +140,7 @@ def run_one(cfg: MultiTurnConfig, tier: str, share: float, seed: int) -> dict:
     history = history_tokens(trace)
     slots = -(-int(share * history) // cfg.block_size) * cfg.block_size
     model, hardware = load_model(cfg.model), load_hardware(cfg.hardware)
-    step = step_time_fn(StepCostModel.from_profiles(model, hardware))
+    step = step_time_fn(StepCostModel.from_profiles(model, hardware, linear=cfg.linear_model))
     # a host tier's stores and loads over the GPU's host link, in our engine's gathered per-layer copies
     step.block_copy_s = BlockCopyCost.of(model, hardware, cfg.block_size, layout="per_layer")
     kwargs = TIERS[tier](cfg, slots, history)
