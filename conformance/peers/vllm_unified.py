@@ -39,7 +39,10 @@ are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants h
 suite's (a head-size check here would also hide how it treats the validation cases' bad arguments).
 It returns no LSE and takes no split count, and since it picks its 2-D or 3-D kernel from the batch's
 size it is not claimed bit for bit batch invariant.
-Sequences of length 0 are judged as every implementation's are.
+Sequences of length 0 are judged as every implementation's are. It takes token and head strides for
+the queries and the output but addresses their dims as one run (``+ offs_d``), and no stride for
+``seqused_k`` and ``cu_seqlens_q`` (``tl.load(seq_lens_ptr + seq_idx)``): views strided there are refused
+("not supported"; given to the kernel they are read at the wrong elements).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from pagedbench.conformance.peers import (
     host_lengths,
     load_kernel_module,
     refuse_lse,
+    refuse_unread_strides,
     vllm_stand_ins,
 )
 
@@ -96,8 +100,17 @@ class VllmUnifiedAttention(PeerImplementation):
         self._kernel = load().unified_attention
 
     def _run(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q, *, scale, sliding_window, out):
+        refuse_unread_strides(
+            self.name,
+            1,
+            "seq_lens_ptr + seq_idx, query_start_len_ptr + ...",
+            seq_lens=seq_lens,
+            cu_seqlens_q=cu_seqlens_q,
+        )
+        refuse_unread_strides(self.name, 1, "query_stride_0, query_stride_1, then + offs_d", q=q)
         lens = host_lengths(seq_lens)
         out = torch.empty_like(q) if out is None else out
+        refuse_unread_strides(self.name, 1, "output_stride_0, output_stride_1, then + offs_d", out=out)
         num_kv_heads = k_cache.shape[2]
         descale = torch.ones(len(lens), num_kv_heads, dtype=torch.float32, device=q.device)
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
