@@ -378,8 +378,11 @@ FINDINGS = (
 REVIEWS = (
     FamilyReview(
         "test_fp8_kv.py",
-        "No outside adapter declares an fp8 KV cache (`fp8_kv_cache`): every peer's "
-        'cases there are "not supported", so the family judges none of them.',
+        "Of the peers only `vllm-unified` declares fp8 KV caches (its kernel reads `stored * k_descale`, "
+        "our convention): it has no `write_kv` or `copy_blocks`, and its backend refuses the family's blocks "
+        "of 5 and 8, so only the attention cases with blocks of 16 judge it; its bfloat16 misses there are "
+        "the interpreter's (a bfloat16 cache without fp8 gives the same). `vllm-cache-write` stores "
+        "`x / k_scale` too but is not declared (see its adapter).",
     ),
     FamilyReview(
         "test_strided_layouts.py",

@@ -7,8 +7,10 @@ our caches and slot mapping go in as they are. The arguments are those vLLM's Tr
 an unquantized cache: ``kv_cache_dtype="auto"`` and unit ``k_scale``/``v_scale`` tensors.
 
 Declared: ``write_kv`` only (no attention, no ``copy_blocks``), every dtype (the kernel copies
-elements). fp8 caches are not declared: vLLM's launcher refuses them off SM89+ GPUs, and its scale
-convention would need its own check. Under Triton's interpreter, caches past 2^31 elements are refused
+elements). fp8 caches are not declared: vLLM's launcher refuses them off SM89+ GPUs. Its convention is
+ours (it stores ``x / k_scale``), but under Triton's interpreter its fp8 store rounds values just past half
+the smallest e4m3 subnormal to 0 (the fp8 family's write case fails there on every dtype), which is not
+checked on a GPU. Under Triton's interpreter, caches past 2^31 elements are refused
 ("not supported"), as for ``vllm-paged-decode``: the kernel's strides are annotated ``tl.int64``, which
 the interpreter ignores (it types an integer argument by its value), so ``head * head_stride`` wraps
 there where the compiled kernel computes in 64 bits. The kernel takes one stride per token row of ``key``

@@ -1,6 +1,7 @@
 """The pieces of the peer adapters and of ``findings.md`` that need no peer installed: the refusal of views
-strided where a peer kernel takes no stride (``peers.refuse_unread_strides``), and the page's summary by
-suite family (``findings_page.family_lines``)."""
+strided where a peer kernel takes no stride (``peers.refuse_unread_strides``), the page's summary by suite
+family (``findings_page.family_lines``), and the base adapter's "not supported" for an operation an fp8
+adapter lacks."""
 
 from __future__ import annotations
 
@@ -72,3 +73,15 @@ def test_family_lines_name_each_familys_findings_or_none_found():
 def test_family_lines_say_finding_for_one():
     lines = family_lines((_finding("a", ("test_x.py",)),), [False], ())
     assert lines == ["- `test_x.py`: finding 1 (fixed)."]
+
+
+@pytest.mark.parametrize("op", ["paged_decode", "paged_prefill", "write_kv"])
+def test_an_operation_an_fp8_adapter_lacks_is_not_supported_with_the_scales(op):
+    """The fp8 family passes ``k_scale`` / ``v_scale`` to every operation; an adapter without one of them
+    (vllm-unified has no write_kv) must say "not supported", not fail on the keywords."""
+    from pagedbench.conformance.adapter import Implementation
+
+    impl = Implementation()
+    args = {"paged_decode": 5, "paged_prefill": 6, "write_kv": 5}[op]
+    with pytest.raises(NotSupported, match=f"does not implement {op}"):
+        getattr(impl, op)(*([None] * args), k_scale=0.5, v_scale=0.25)
