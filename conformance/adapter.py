@@ -63,12 +63,15 @@ class Implementation:
         return NotSupported(f"{self.name} does not implement {op}")
 
     # --- attention over the paged KV cache -------------------------------------------------------
+    # ``k_scale`` / ``v_scale`` come only with fp8 caches (``Capabilities.fp8_kv_cache``); the defaults take
+    # them, so that an fp8 implementation without one of these operations is "not supported" there
     def paged_decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
-                     sliding_window=None, num_splits=None, out=None, return_lse=False) -> Any:
+                     sliding_window=None, num_splits=None, out=None, return_lse=False, k_scale=None,
+                     v_scale=None) -> Any:
         raise self._unsupported("paged_decode")
 
     def paged_prefill(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *, scale=None,
-                      sliding_window=None, out=None, return_lse=False) -> Any:
+                      sliding_window=None, out=None, return_lse=False, k_scale=None, v_scale=None) -> Any:
         raise self._unsupported("paged_prefill")
 
     def contiguous_decode(self, q, k, v, seq_lens, *, scale=None, out=None) -> Any:
@@ -81,7 +84,7 @@ class Implementation:
         raise self._unsupported("merge_attn_states")
 
     # --- KV cache writes ---------------------------------------------------------------------------
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping, *, k_scale=None, v_scale=None) -> None:
         raise self._unsupported("write_kv")
 
     def copy_blocks(self, k_cache, v_cache, pairs) -> None:

@@ -248,5 +248,21 @@ def refuse_lse(name: str, return_lse: bool) -> None:
         raise NotSupported(f"{name} returns no LSE")
 
 
+def refuse_unread_strides(name: str, dims: int, reads: str, **tensors: torch.Tensor) -> None:
+    """Raise :class:`NotSupported` (naming the strides) when one of ``tensors`` is not dense in its last
+    ``dims`` dims: the peer kernels take no stride for those dims (``reads`` says how they address them,
+    e.g. ``seq_lens_ptr + seq_idx``), so a view strided there would be read at the wrong elements, silently
+    (none of them checks). Dims of size 1 have no stride to get wrong."""
+    for what, t in tensors.items():
+        expected = 1
+        for size, stride in zip(reversed(t.shape[-dims:]), reversed(t.stride()[-dims:])):
+            if size > 1 and stride != expected:
+                raise NotSupported(
+                    f"{name}: {what} with strides {t.stride()} (shape {tuple(t.shape)}): the kernel reads its "
+                    f"last {dims} dim(s) as one dense run ({reads}), taking no stride for them"
+                )
+            expected *= size
+
+
 def host_lengths(seq_lens: torch.Tensor) -> list[int]:
     return [int(n) for n in seq_lens.tolist()]

@@ -14,40 +14,22 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
-import inspect
-import io
-import platform
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 from pagedbench.conformance.gate import report_files
-from pagedbench.conformance.gate.environment import environment
 from pagedbench.conformance.peers import (
     _package_dir,
     sglang_decode,
     sglang_merge,
-    version_of,
+    vllm_cache_write,
     vllm_merge,
     vllm_paged_decode,
+    vllm_prefill,
     vllm_unified,
 )
-
-
-def attend(q, k, v, scale):
-    """Float64 reference for one decode query: q [heads, d]; k, v [n, kv_heads, d] (n may be 0: gives 0)."""
-    import torch
-
-    q, k, v = q.double(), k.double(), v.double()
-    if k.shape[0] == 0:
-        return torch.zeros_like(q)
-    group = q.shape[0] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [n, heads, d]
-    p = torch.softmax(torch.einsum("hd,nhd->hn", q, k) * scale, dim=-1)
-    return torch.einsum("hn,nhd->hd", p, v)
+from pagedbench.conformance.peers.findings_page import FamilyReview, Finding, attend, render
+from pagedbench.conformance.peers.stride_findings import SGLANG_DECODE_FILE, STRIDE_FINDINGS
 
 
 def vllm_paged_decode_reads_unused_slots():
@@ -226,8 +208,10 @@ def merges_read_an_empty_parts_output():
 
     shows = False
     for name, merge in (("vLLM merge_attn_states", vllm), ("SGLang merge_state_triton", sglang)):
-        print(f"{name}: part A empty, its output finite: max |merged - out_b| =",
-              f"{(merge(out_a, empty, lse_b) - out_b).abs().max():.1e}")
+        print(
+            f"{name}: part A empty, its output finite: max |merged - out_b| =",
+            f"{(merge(out_a, empty, lse_b) - out_b).abs().max():.1e}",
+        )
         nan_a = merge(torch.full_like(out_a, float("nan")), empty, lse_b).isnan().any().item()
         print(f"{name}: part A empty, its output NaN (never to be read): merged has NaN =", nan_a)
         nan_both = merge(out_a, empty, empty).isnan().any().item()
@@ -288,20 +272,6 @@ def backend_keyword_value(relative: str, call: str, keyword: str, self_attrs: di
 
 
 PAGED_DECODE_FILE = "vllm/v1/attention/ops/chunked_prefill_paged_decode.py"
-SGLANG_DECODE_FILE = "sglang/kernels/ops/attention/decode_attention.py"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One finding: a title, whether it is a bug, what it means, its reproduction (which returns whether the
-    finding still shows on the installed peers) and the peer lines it cites."""
-
-    title: str
-    kind: str  # "bug" or "limitation"
-    found_on: str  # the peer versions the finding was first reported on
-    summary: str
-    reproduce: Callable[[], bool]
-    cites: tuple[tuple[str, str], ...] = ()  # (installed file relative to site-packages, text on the line)
 
 
 FINDINGS = (
@@ -322,6 +292,7 @@ FINDINGS = (
             (PAGED_DECODE_FILE, "mask=dim_mask[:, None] & kv_load_mask[None, :],"),
             (PAGED_DECODE_FILE, "mask=dim_mask[None, :] & kv_load_mask[:, None],"),
         ),
+        families=("test_decode.py",),
     ),
     Finding(
         "vLLM ROCm attention backend: a sliding window of W keys attends to W - 1",
@@ -354,6 +325,7 @@ FINDINGS = (
             ("vllm/v1/attention/backends/triton_attn.py", "attn_metadata.seq_lens.fill_(1)"),
             ("sglang/srt/layers/attention/triton_backend.py", "def get_cuda_graph_seq_len_fill_value(self):"),
         ),
+        families=("test_decode.py",),
     ),
     Finding(
         "vLLM `merge_attn_states` and SGLang `merge_state_triton`: an empty part's output is read",
@@ -372,6 +344,7 @@ FINDINGS = (
             ("vllm/v1/attention/ops/triton_merge_attn_states.py", "out = p_out * p_scale + s_out * s_scale"),
             ("sglang/kernels/ops/attention/merge_state.py", "out = p_out * p_scale + s_out * s_scale"),
         ),
+        families=("test_merge_states.py",),
     ),
     Finding(
         "SGLang `decode_attention_fwd`: GQA groups past 16 that are not a multiple of 16 read another KV head",
@@ -395,100 +368,47 @@ FINDINGS = (
             (SGLANG_DECODE_FILE, "cur_head = cur_head_id * VALID_BLOCK_H + tl.arange(0, BLOCK_H)"),
             (SGLANG_DECODE_FILE, "return triton.cdiv(head_num, min(_GROUPED_BLOCK_H, kv_group_num))"),
         ),
+        families=("test_dispatch_boundaries.py",),
     ),
+    *STRIDE_FINDINGS,
 )
 
-
-def _cite(relative: str, text: str) -> str:
-    """The installed peer file's line containing ``text``, with its number."""
-    top, _, rest = relative.partition("/")
-    path = _package_dir(top) / rest
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if text in line:
-            return f"- `{relative}:{number}`: `{line.strip()}`"
-    return f"- `{relative}`: (no line containing `{text}` in the installed file)"
-
-
-def _run(fn: Callable[[], bool]) -> tuple[str, bool | None]:
-    """(what the reproduction printed, whether the finding showed; None when the reproduction raised)."""
-    buffer = io.StringIO()
-    shows = None
-    with contextlib.redirect_stdout(buffer):
-        try:
-            shows = bool(fn())
-        except Exception:  # a reproduction that raises shows the traceback as its output
-            buffer.write(traceback.format_exc(limit=3))
-    return buffer.getvalue().rstrip(), shows
-
-
-def _status(shows: bool | None, versions: str) -> str:
-    if shows is None:
-        return f"could not be re-checked on {versions}: the reproduction raised (its output below)"
-    return f"still reproduces on {versions}" if shows else f"fixed: does not reproduce on {versions}"
-
-
-def render(findings: tuple[Finding, ...]) -> str:
-    import torch
-    import triton
-
-    versions = (
-        f"vllm {version_of('vllm')}, sglang {version_of('sglang')}, torch {torch.__version__}, "
-        f"triton {triton.__version__}, Python {platform.python_version()}"
-    )
-    git = environment(None)["git"]
-    commit = f"{git['commit'] or '?'}" + (" (dirty)" if git["dirty"] else "")
-    interpreted = "on the CPU under Triton's interpreter" if not torch.cuda.is_available() else "on the GPU"
-    out = [
-        "# Findings in the outside kernels",
-        "",
-        "Written by `python -m pagedbench.conformance.peers.findings` (`make conformance-matrix`): each "
-        "reproduction below was run as shown, " + interpreted + f", with {versions}; the output is what it "
-        f"printed (pagedbench commit {commit}). Argument validation (none of these kernels checks its "
-        "arguments) is in the matrix's validation column; bfloat16 misses under the interpreter are not findings.",
-        "",
-        "```python",
-        inspect.getsource(attend).rstrip(),
-        "```",
-        "",
-    ]
-    peers = f"vllm {version_of('vllm')}, sglang {version_of('sglang')}"
-    runs = [_run(finding.reproduce) for finding in findings]
-    tally = [
-        f"{sum(shows is True for _, shows in runs)} still reproducing",
-        f"{sum(shows is False for _, shows in runs)} fixed",
-    ]
-    if any(shows is None for _, shows in runs):
-        tally.append(f"{sum(shows is None for _, shows in runs)} could not be re-checked")
-    out += [f"Re-checked on {peers}: " + ", ".join(tally) + ".", ""]
-    out += [
-        f"- {number}. {finding.title}: {_status(shows, peers)} (found on {finding.found_on})"
-        for number, (finding, (_, shows)) in enumerate(zip(findings, runs), start=1)
-    ]
-    out.append("")
-    for number, (finding, (printed, shows)) in enumerate(zip(findings, runs), start=1):
-        out += [
-            f"## {number}. {finding.title} ({finding.kind})",
-            "",
-            f"**Status:** {_status(shows, peers)}; found on {finding.found_on}.",
-            "",
-            finding.summary,
-            "",
-        ]
-        if finding.cites:
-            out += ["Where:", "", *(_cite(rel, text) for rel, text in finding.cites), ""]
-        out += [
-            "```python",
-            inspect.getsource(finding.reproduce).rstrip(),
-            "```",
-            "",
-            "Output:",
-            "",
-            "```",
-            printed,
-            "```",
-            "",
-        ]
-    return "\n".join(out).rstrip() + "\n"
+#: the families whose peer results were read for findings (beside those the findings name), with what the
+#: page should say about the peers they cannot judge
+REVIEWS = (
+    FamilyReview(
+        "test_fp8_kv.py",
+        "Of the peers only `vllm-unified` declares fp8 KV caches (its kernel reads `stored * k_descale`, "
+        "our convention): it has no `write_kv` or `copy_blocks`, and its backend refuses the family's blocks "
+        "of 5 and 8, so only the attention cases with blocks of 16 judge it; its bfloat16 misses there are "
+        "the interpreter's (a bfloat16 cache without fp8 gives the same). `vllm-cache-write` stores "
+        "`x / k_scale` too but is not declared (see its adapter).",
+    ),
+    FamilyReview(
+        "test_strided_layouts.py",
+        "What the peers' kernels take no stride for is refused by their "
+        "adapters (the findings); `vllm-unified` and `vllm-paged-decode` are judged on none of the "
+        "family's cases, which use blocks of 8 (their backends want multiples of 16) and float32 "
+        "(`vllm-paged-decode` claims 16-bit types only).",
+    ),
+    FamilyReview(
+        "test_batch_positions.py",
+        "`vllm-unified` and `vllm-paged-decode` are judged on none of its "
+        "cases (blocks of 8 for `vllm-unified`, float32 for `vllm-paged-decode`); `vllm-prefill` passes its prefill "
+        "cases and `sglang-decode` its decode cases.",
+    ),
+    FamilyReview(
+        "test_layer_packed_cache.py",
+        "Every peer passes the operations it has on both layers, the one "
+        "past 2^32 elements included (its offset is in the views' data pointer, not in the kernels' "
+        "index arithmetic).",
+    ),
+    FamilyReview(
+        "test_tensor_parallel.py",
+        "Every peer passes the ranks' calls it has (decode, prefill or "
+        "write_kv), in every sharding and both pool layouts.",
+    ),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,9 +417,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("results/conformance/findings.md"))
     args = parser.parse_args(argv)
-    for module in (vllm_unified, vllm_paged_decode, vllm_merge, sglang_decode, sglang_merge):
+    for module in (
+        vllm_unified,
+        vllm_paged_decode,
+        vllm_prefill,
+        vllm_cache_write,
+        vllm_merge,
+        sglang_decode,
+        sglang_merge,
+    ):
         module.load()  # the kernel files, so that the reproductions' import lines find them
-    report_files.write_atomically(args.out, render(FINDINGS))
+    report_files.write_atomically(args.out, render(FINDINGS, REVIEWS))
     print(f"wrote {args.out}")
     return 0
 

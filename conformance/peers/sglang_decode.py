@@ -11,8 +11,9 @@ table::
 as SGLang's ``TritonAttnBackend`` builds them from ``req_to_token``. A cache whose block stride is not
 ``block_size`` token rows (a strided view) is no token pool: the kernel addresses a token by one row
 stride (its ``page_size`` mode too: page stride = ``page_size`` x row stride), so such a cache is "not
-supported" here. A sliding window of W keys keeps the
-last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_buffer`` does.
+supported" here, as are a query or an output whose last dim is strided: the kernel takes token and
+head strides for them but addresses their dims as one run (``+ offs_d``). A sliding window of W keys keeps
+the last ``min(seq_len, W)`` positions, as that backend's ``update_sliding_window_buffer`` does.
 ``num_splits`` is SGLang's per-sequence ``num_kv_splits`` (default 8, its
 ``triton_attention_num_kv_splits``); the split outputs go to float32 scratch buffers
 ``[num_seqs, num_heads, splits, head_dim]`` as in the backend. No LSE is returned. ``k_scale`` and
@@ -37,6 +38,7 @@ from pagedbench.conformance.peers import (
     host_lengths,
     load_kernel_module,
     refuse_lse,
+    refuse_unread_strides,
 )
 
 KERNEL_MODULE = "sglang.kernels.ops.attention.decode_attention"
@@ -104,6 +106,9 @@ class SglangDecodeAttention(PeerImplementation):
         return_lse=False,
     ):
         refuse_lse(self.name, return_lse)
+        refuse_unread_strides(self.name, 1, "cur_batch * stride_qbs + cur_head * stride_qh + offs_d", q=q)
+        if out is not None:
+            refuse_unread_strides(self.name, 1, "cur_batch * stride_obs + cur_head * stride_oh + offs_d", out=out)
         num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
         for cache in (k_cache, v_cache):
             if cache.stride(0) != block_size * cache.stride(1) or cache.stride(3) != 1:

@@ -7,18 +7,28 @@ our caches and slot mapping go in as they are. The arguments are those vLLM's Tr
 an unquantized cache: ``kv_cache_dtype="auto"`` and unit ``k_scale``/``v_scale`` tensors.
 
 Declared: ``write_kv`` only (no attention, no ``copy_blocks``), every dtype (the kernel copies
-elements). fp8 caches are not declared: vLLM's launcher refuses them off SM89+ GPUs, and its scale
-convention would need its own check. Under Triton's interpreter, caches past 2^31 elements are refused
+elements). fp8 caches are not declared: vLLM's launcher refuses them off SM89+ GPUs. Its convention is
+ours (it stores ``x / k_scale``), but under Triton's interpreter its fp8 store rounds values just past half
+the smallest e4m3 subnormal to 0 (the fp8 family's write case fails there on every dtype), which is not
+checked on a GPU. Under Triton's interpreter, caches past 2^31 elements are refused
 ("not supported"), as for ``vllm-paged-decode``: the kernel's strides are annotated ``tl.int64``, which
 the interpreter ignores (it types an integer argument by its value), so ``head * head_stride`` wraps
-there where the compiled kernel computes in 64 bits.
+there where the compiled kernel computes in 64 bits. The kernel takes one stride per token row of ``key``
+and ``value`` (its heads and dims one dense run, ``tile_pos``), block, slot and head strides for the
+caches (their last dim dense), and none for ``slot_mapping``: views strided where it takes no stride are
+refused ("not supported"; given to the kernel they are read or written at the wrong elements).
 """
 
 from __future__ import annotations
 
 import torch
 from pagedbench.conformance.adapter import Capabilities, NotSupported, register
-from pagedbench.conformance.peers import PeerImplementation, load_kernel_module, vllm_stand_ins
+from pagedbench.conformance.peers import (
+    PeerImplementation,
+    load_kernel_module,
+    refuse_unread_strides,
+    vllm_stand_ins,
+)
 
 KERNEL_MODULE = "vllm.v1.attention.ops.triton_reshape_and_cache_flash"
 
@@ -39,6 +49,9 @@ class VllmCacheWrite(PeerImplementation):
         self._kernel = load().triton_reshape_and_cache_flash
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        refuse_unread_strides(self.name, 1, "slot_mapping_ptr + token_idx", slot_mapping=slot_mapping)
+        refuse_unread_strides(self.name, 2, "key_ptr + token_idx * key_stride + tile_pos", k=k, v=v)
+        refuse_unread_strides(self.name, 1, "... + cur_head * head_stride + cur_dim", k_cache=k_cache, v_cache=v_cache)
         if self.interpreted and k_cache.numel() >= 2**31:
             raise NotSupported(
                 "vllm-cache-write: offsets past 2^31 elements under Triton's interpreter, which "

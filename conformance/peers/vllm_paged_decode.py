@@ -31,6 +31,10 @@ a GQA group of 16, 32 from 17; declared as ``dispatch_boundaries.gqa_groups``. (
 are read in tiles of 128, ``TRITON_BLOCK_SIZE``: a block-size rule the dispatch family has no kind for;
 ROCm's custom kernel, ``use_rocm_custom_paged_attention``, never runs here.)
 
+It takes token and head strides for the queries and the output but addresses their dims as one run, and
+no stride for ``seq_lens`` (``tl.load(seq_lens_ptr + seq_idx)``): views strided there are refused ("not
+supported"; given to the kernel they are read at the wrong elements).
+
 Under Triton's interpreter the kernel's ``tl.int64`` stride annotations are ignored (the interpreter
 types every integer argument by its value, int32 when it fits), so ``block id * stride`` wraps past 2^31
 elements and the process segfaults where the compiled kernel computes in 64 bits: caches that large are
@@ -47,6 +51,7 @@ from pagedbench.conformance.peers import (
     host_lengths,
     load_kernel_module,
     refuse_lse,
+    refuse_unread_strides,
     vllm_stand_ins,
 )
 
@@ -104,8 +109,11 @@ class VllmPagedDecode(PeerImplementation):
                 "vllm-paged-decode: offsets past 2^31 elements under Triton's interpreter, which "
                 "ignores the kernel's tl.int64 stride annotations (judged on a GPU only)"
             )
+        refuse_unread_strides(self.name, 1, "seq_lens_ptr + seq_idx", seq_lens=seq_lens)
+        refuse_unread_strides(self.name, 1, "query_stride_0, query_stride_1, then + offs_d", q=q)
         lens = host_lengths(seq_lens)
         out = torch.empty_like(q) if out is None else out
+        refuse_unread_strides(self.name, 1, "output_stride_0, output_stride_1, then + offs_d", out=out)
         key_cache, value_cache = paged_attention_layout(k_cache, v_cache)
         num_seqs, num_kv_heads = q.shape[0], k_cache.shape[2]
         new_kv = torch.empty(num_seqs, num_kv_heads, q.shape[-1], dtype=q.dtype, device=q.device)  # shape only

@@ -18,7 +18,10 @@ only), any block size (its tiles resolve tokens against the physical block size,
 the page size"), no LSE. It has no decode entry of its own (decode rows go to ``kernel_paged_attention_2d``,
 the ``vllm-paged-decode`` row). It has no dispatch rule by shape: ``context_attention_fwd`` launches one
 kernel with fixed tiles (``BLOCK_M = 128``, ``BLOCK_N = 64``) whatever the batch (its ALiBi kernel is
-not called here), so it declares no ``dispatch_boundaries`` and that family is "not supported". Under
+not called here), so it declares no ``dispatch_boundaries`` and that family is "not supported". It takes
+strides for the queries, the output, the caches and the block table, but none for ``b_seq_len`` and
+``b_start_loc`` (``tl.load(B_Seqlen + cur_batch)``), which vLLM builds as dense buffers: strided lengths
+are refused ("not supported"; given to the kernel they are read at the wrong elements). Under
 Triton's interpreter, caches past 2^31 elements are refused as for that row (the interpreter ignores the
 kernel's ``tl.int64`` stride annotations).
 """
@@ -35,6 +38,7 @@ from pagedbench.conformance.peers import (
     host_lengths,
     load_kernel_module,
     refuse_lse,
+    refuse_unread_strides,
     vllm_stand_ins,
 )
 from pagedbench.conformance.peers.vllm_paged_decode import paged_attention_layout
@@ -72,6 +76,9 @@ class VllmPrefixPrefill(PeerImplementation):
         return_lse=False,
     ):
         refuse_lse(self.name, return_lse)
+        refuse_unread_strides(
+            self.name, 1, "B_Seqlen + cur_batch, B_Start_Loc + cur_batch", seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q
+        )
         if self.interpreted and k_cache.numel() >= 2**31:
             raise NotSupported(
                 "vllm-prefill: offsets past 2^31 elements under Triton's interpreter, which "

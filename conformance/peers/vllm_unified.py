@@ -39,7 +39,14 @@ are multiples of 16 (``get_kv_cache_shape`` refuses others). The backend wants h
 suite's (a head-size check here would also hide how it treats the validation cases' bad arguments).
 It returns no LSE and takes no split count, and since it picks its 2-D or 3-D kernel from the batch's
 size it is not claimed bit for bit batch invariant.
-Sequences of length 0 are judged as every implementation's are.
+fp8 KV caches (float8_e4m3fn) go in as the backend passes them with ``kv_cache_dtype="fp8"``:
+``kv_quant_mode=KVQuantMode.FP8_PER_TENSOR`` and the layer's ``k_scale`` / ``v_scale`` as per-(sequence, KV
+head) ``k_descale`` / ``v_descale`` (``layer._k_scale.expand(descale_shape)``); the kernel reads
+``stored * k_descale``, our convention; the query stays in its own dtype (no ``q_descale``).
+Sequences of length 0 are judged as every implementation's are. It takes token and head strides for
+the queries and the output but addresses their dims as one run (``+ offs_d``), and no stride for
+``seqused_k`` and ``cu_seqlens_q`` (``tl.load(seq_lens_ptr + seq_idx)``): views strided there are refused
+("not supported"; given to the kernel they are read at the wrong elements).
 """
 
 from __future__ import annotations
@@ -49,11 +56,13 @@ import itertools
 import torch
 from pagedbench.conformance.adapter import Capabilities, DispatchBoundaries, NotSupported, register
 from pagedbench.conformance.peers import (
+    KVQuantMode,
     PeerImplementation,
     default_scale,
     host_lengths,
     load_kernel_module,
     refuse_lse,
+    refuse_unread_strides,
     vllm_stand_ins,
 )
 
@@ -88,6 +97,7 @@ class VllmUnifiedAttention(PeerImplementation):
         block_sizes=BLOCK_SIZES,
         supports_num_splits=False,
         batch_invariant=False,
+        fp8_kv_cache=True,
         dispatch_boundaries=DISPATCH,
     )
 
@@ -95,11 +105,26 @@ class VllmUnifiedAttention(PeerImplementation):
         super().__init__()
         self._kernel = load().unified_attention
 
-    def _run(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q, *, scale, sliding_window, out):
+    def _run(
+        self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, max_q, *, scale, sliding_window, out, kv_scales
+    ):
+        refuse_unread_strides(
+            self.name,
+            1,
+            "seq_lens_ptr + seq_idx, query_start_len_ptr + ...",
+            seq_lens=seq_lens,
+            cu_seqlens_q=cu_seqlens_q,
+        )
+        refuse_unread_strides(self.name, 1, "query_stride_0, query_stride_1, then + offs_d", q=q)
         lens = host_lengths(seq_lens)
         out = torch.empty_like(q) if out is None else out
+        refuse_unread_strides(self.name, 1, "output_stride_0, output_stride_1, then + offs_d", out=out)
         num_kv_heads = k_cache.shape[2]
-        descale = torch.ones(len(lens), num_kv_heads, dtype=torch.float32, device=q.device)
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        k_descale, v_descale = (
+            torch.full((len(lens), num_kv_heads), 1.0 if s is None else s, dtype=torch.float32, device=q.device)
+            for s in kv_scales
+        )
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
         rows, num_heads = q.shape[0], q.shape[1]
         padded = 1 << max(q.shape[-1] - 1, 0).bit_length()
@@ -119,13 +144,14 @@ class VllmUnifiedAttention(PeerImplementation):
             block_tables,
             0.0,
             None,
-            descale,
-            descale,
+            k_descale,
+            v_descale,
             seq_threshold_3D=MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads,
             num_par_softmax_segments=segments,
             softmax_segm_output=torch.empty(rows, num_heads, segments, padded, dtype=torch.float32, device=q.device),
             softmax_segm_max=torch.empty(rows, num_heads, segments, dtype=torch.float32, device=q.device),
             softmax_segm_expsum=torch.empty(rows, num_heads, segments, dtype=torch.float32, device=q.device),
+            kv_quant_mode=KVQuantMode.FP8_PER_TENSOR if fp8 else KVQuantMode.NONE,
         )
         return out
 
@@ -142,13 +168,25 @@ class VllmUnifiedAttention(PeerImplementation):
         num_splits=None,
         out=None,
         return_lse=False,
+        k_scale=None,
+        v_scale=None,
     ):
         refuse_lse(self.name, return_lse)
         if num_splits is not None:
             raise NotSupported("vllm-unified takes no split count")
         cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
         return self._run(
-            q, k_cache, v_cache, block_tables, seq_lens, cu, 1, scale=scale, sliding_window=sliding_window, out=out
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            cu,
+            1,
+            scale=scale,
+            sliding_window=sliding_window,
+            out=out,
+            kv_scales=(k_scale, v_scale),
         )
 
     def paged_prefill(
@@ -164,6 +202,8 @@ class VllmUnifiedAttention(PeerImplementation):
         sliding_window=None,
         out=None,
         return_lse=False,
+        k_scale=None,
+        v_scale=None,
     ):
         refuse_lse(self.name, return_lse)
         cu = cu_seqlens_q.tolist()
@@ -179,4 +219,5 @@ class VllmUnifiedAttention(PeerImplementation):
             scale=scale,
             sliding_window=sliding_window,
             out=out,
+            kv_scales=(k_scale, v_scale),
         )
