@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from pagedbench.bench import headline
 from pagedbench.bench.headline import main, markdown
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -37,3 +38,19 @@ def test_missing_records_are_named_and_the_page_is_written(tmp_path):
     page = (tmp_path / "README.md").read_text()
     assert page.count("no record yet") == 5
     assert "**Memory waste**: no record yet (`python -m pagedbench.bench --only memory_study`)" in page
+
+
+def test_the_profile_line_names_the_categories_that_differ_most_and_is_absent_without_both_engines():
+    from pagedbench.bench.studies.engine_vs_vllm.op_categories import by_category
+
+    def row(engine, wall_s, **seconds):
+        ops = [{"name": n, "self_cpu_s": t, "calls": 1} for n, t in seconds.items()]
+        return {"engine": engine, "status": "ok", "generated_tokens": 100, **by_category(ops, wall_s)}
+
+    doc = {"config": {"threads": 2},
+           "engines": [row("pagedbench", 3.0, **{"aten::mm": 2.0, "aten::argmax": 0.1}),
+                       row("vllm-eager", 2.0, **{"aten::mm": 1.0, "aten::argmax": 0.1})]}
+    (line,) = headline.profile_lines(doc)
+    assert line.split(": ", 1)[1].startswith("GEMM (linear layers, LM head) +10.00 ms/token (100% of the gap)")
+    doc["engines"][1] = {"engine": "vllm-eager", "status": "not run", "reason": "no venv"}
+    assert headline.profile_lines(doc) == [] and headline.profile_lines(None) == []
