@@ -96,3 +96,19 @@ def test_ops_under_our_attention_region_are_named_after_it():
     assert table[f"{ATTENTION_REGION}/aten::index_select"]["self_cpu_s"] == pytest.approx(40e-6)
     assert table["aten::index_select"]["self_cpu_s"] == pytest.approx(30e-6)
     assert oc.category(f"{ATTENTION_REGION}/aten::index_select") == "attention"
+
+
+def test_the_linear_shapes_are_the_engines_fused_layers_and_both_gemm_paths_agree_with_float64():
+    from pagedbench.bench.studies.engine_vs_vllm import gemm_paths
+
+    config = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 128}
+    shapes = {name: (o, i) for name, o, i in gemm_paths.linear_shapes(config)}
+    assert shapes == {"qkv": (4 * 16 + 2 * 2 * 16, 64), "o": (64, 64), "gate_up": (192, 64), "down": (64, 96),
+                      "lm_head": (128, 64)}
+    rows = gemm_paths.compare(config, token_counts=(3,), rounds=1, reps=1)
+    if rows[0]["status"] != "ok":
+        pytest.skip(rows[0]["reason"])
+    assert len(rows) == 5
+    for r in rows:  # float32 GEMMs of these sizes: within 1e-5 of the float64 product
+        assert max(r["max_rel_error_vs_float64"].values()) < 1e-5 and r["ratio"] > 0

@@ -41,6 +41,25 @@ def _status_lines(doc: dict) -> list[str]:
     return lines
 
 
+def gemm_lines(rows: list[dict] | None) -> list[str]:
+    if not rows:
+        return []
+    if rows[0]["status"] != "ok":
+        return [f"GEMM paths: {rows[0]['status']}: {rows[0]['reason']}", ""]
+    out = ["## The linear layers two ways (this process, the same threads)", "",
+           "torch's `F.linear` (the engine's path) against oneDNN with the weight prepacked once (the kind of "
+           "path vLLM's `_C::onednn_mm` takes), interleaved, best of 5 rounds; error: max |out - float64| over "
+           "max |float64|.", "",
+           "| layer | out x in | tokens | F.linear ms | oneDNN prepacked ms | F.linear / oneDNN | errors |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sec, err = r["seconds"], r["max_rel_error_vs_float64"]
+        out.append(f"| {r['layer']} | {r['out_features']} x {r['in_features']} | {r['tokens']} | "
+                   f"{1e3 * sec['F.linear']:.2f} | {1e3 * sec['oneDNN prepacked']:.2f} | {r['ratio']:.2f}x | "
+                   f"{err['F.linear']:.1e}, {err['oneDNN prepacked']:.1e} |")
+    return [*out, ""]
+
+
 def render(doc: dict) -> str:
     cfg = doc["config"]
     lines = ["# Where the time goes: our engine and vLLM's CPU build on the same batch", "",
@@ -65,6 +84,7 @@ def render(doc: dict) -> str:
         lines += [f"| **whole batch (profiled)** | {a:.2f} | {b:.2f} | {a - b:+.2f} | 100% |", ""]
     else:
         lines += ["No side-by-side table: both engines must have run.", ""]
+    lines += gemm_lines(doc.get("gemm_paths"))
     lines.append(environment_markdown(doc["environment"]))
     return "\n".join(lines) + "\n"
 

