@@ -109,6 +109,11 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "every stored prefill row attends at least its own position, whose p = exp(0) = 1, so l_i >= 1 and "
         "`l_i > 0` and `l_i >= 0` agree on every row that is stored (rows outside r_mask are not)"
     ),
+    ("refengine/engine/prefix_offload_steps.py", "_undo_offload", "drop_guard", "if False and (not loaded):"): (
+        "with no block loaded the loop below runs over an empty set: `loaded.isdisjoint(...)` is true for every "
+        "running sequence, so each is skipped and nothing is freed or preempted; the early return only saves "
+        "the walk"
+    ),
 }
 
 

@@ -361,10 +361,10 @@ def sampler_arith(tree: ast.Module, src: _Source) -> list[Site]:
 
 
 def drop_guard(tree: ast.Module, src: _Source) -> list[Site]:
-    """``if c: return`` (``continue``, ``break``) with no ``else`` -> ``if False:``: the case the guard
+    """``if c: return`` (``continue``, ``break``) with no ``else`` -> ``if False and (c):``: the case the guard
     leaves out (a block not to store, a group not to swap in yet) goes on as any other."""
     return [
-        _span(n.test, "False")
+        _span(n.test, f"False and ({src.text(n.test)})")  # (the test kept: each mutated line stays its own)
         for n in _host_nodes(tree)
         if isinstance(n, ast.If) and not n.orelse and len(n.body) == 1
         and isinstance(n.body[0], (ast.Return, ast.Continue, ast.Break))
@@ -387,7 +387,7 @@ def eviction_order(tree: ast.Module, src: _Source) -> list[Site]:
         if isinstance(n, ast.For) and _is_items_call(n.iter) and any(isinstance(x, ast.Return) for x in ast.walk(n)):
             sites.append(_span(n.iter, f"reversed(list({src.text(n.iter)}))"))
             tests = [x.test for x in ast.walk(n) if isinstance(x, ast.If)]
-            sites += [_span(t, "True") for t in tests if "pinned" in src.text(t)]
+            sites += [_span(t, f"True or ({src.text(t)})") for t in tests if "pinned" in src.text(t)]
     return sites
 
 

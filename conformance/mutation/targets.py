@@ -151,6 +151,7 @@ TARGETS = (
         operators,
         (
             "refengine/tests/test_host_tier_boundaries.py",
+            "refengine/tests/test_swap_scheduling.py",
             "refengine/tests/test_swap_preemption.py",
             f"{SUITE}/test_host_block_copy.py",
             "refengine/tests/test_prefix_offload.py",

@@ -149,13 +149,13 @@ TIER = textwrap.dedent("""
 @pytest.mark.parametrize(
     "operator,expected",
     [
-        ("drop_guard", [("if b.block_id in self._loading:", "if False:")]),
+        ("drop_guard", [("if b.block_id in self._loading:", "if False and (b.block_id in self._loading):")]),
         (
             "eviction_order",
             [
                 ("self._entries.move_to_end(b.block_hash)", "self._entries.move_to_end(b.block_hash, last=False)"),
                 ("for h, e in self._entries.items():", "for h, e in reversed(list(self._entries.items())):"),
-                ("if not e.pinned:", "if True:"),
+                ("if not e.pinned:", "if True or (not e.pinned):"),
             ],
         ),
         (

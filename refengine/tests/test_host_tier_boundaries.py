@@ -1,10 +1,11 @@
 """The host tiers at their edges, without a model: a prefix-cache tier of a single block, a host pool
-handed out to its last block, and a host size that uses exactly the memory available."""
+handed out to its last block, a host size that uses exactly the memory available, and a swap-in that
+needs every free device block."""
 
 from __future__ import annotations
 
 import pytest
-from pagedbench.refengine.errors import InsufficientMemoryError
+from pagedbench.refengine.errors import InsufficientMemoryError, OutOfBlocksError
 from pagedbench.refengine.kv import prefix_hash
 from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.host_pool import GIB, HostBlockAllocator, checked_host_space_bytes
@@ -58,3 +59,38 @@ def test_a_host_size_that_uses_exactly_the_available_memory_is_accepted():
     with pytest.raises(InsufficientMemoryError, match=r"needs 1,073,741,824 bytes of host memory \(beside "
                                                       r"swap_space's 2,147,483,649\)"):
         checked_host_space_bytes("kv_offloading_size", 1, 3 * GIB, also_bytes=2 * GIB + 1, also="swap_space")
+
+
+def test_a_swap_in_that_needs_every_free_block_fits_and_one_more_is_refused():
+    bm = BlockManager(4, 2)
+    bm.allocate("a", [1, 2, 3])  # two blocks
+    tables = bm.swap_out(["a"])
+    bm.allocate("b", [5, 6, 7, 8])  # two blocks: exactly the two the swap-in needs are left
+    placed = bm.swap_in(tables)
+    assert len(placed) == 2 and bm.num_free_blocks == 0 and bm.block_table("a") == [d for _, d in placed]
+    bm.check_invariants()
+    tables = bm.swap_out(["a"])
+    bm.allocate("c", [9])  # one of the two blocks it needs taken
+    with pytest.raises(OutOfBlocksError, match="swap-in needs 2 free blocks but only 1 are free"):
+        bm.swap_in(tables)
+    assert not bm.has_sequence("a") and bm.num_free_blocks == 1
+    bm.check_invariants()
+
+
+def test_a_host_hit_makes_its_entry_the_most_recently_used():
+    bm = BlockManager(2, 2, enable_prefix_caching=True, num_host_blocks=3)
+    for i in (1, 2, 3):
+        serve(bm, i, [i, i, 99])
+    assert bm.host_tier.hashes() == [block_key((1, 1)), block_key((2, 2))]
+    assert serve(bm, 4, [1, 1, 99]) == 2  # a host hit on the least recently used entry; (3, 3) stored
+    assert bm.host_tier.hashes() == [block_key((2, 2)), block_key((1, 1)), block_key((3, 3))]
+
+
+def test_a_block_computed_again_while_its_hash_is_on_the_host_keeps_the_chain_across_the_tiers():
+    bm = BlockManager(3, 2, enable_prefix_caching=True, num_host_blocks=4)
+    serve(bm, 1, [1, 1, 2, 2, 9])
+    serve(bm, 2, [5, 5, 6, 6, 7])  # (1, 1) and (2, 2) evicted to the host
+    assert {block_key((1, 1))} <= set(bm.host_tier.hashes())
+    assert serve(bm, 3, [1, 1]) == 0  # (no hit on a prompt's last block) (1, 1) computed on the device again
+    # (1, 1) hit on the device, (2, 2) on the host: its parent is the device block, by the same content id
+    assert serve(bm, 4, [1, 1, 2, 2, 9]) == 4
