@@ -114,6 +114,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "running sequence, so each is skipped and nothing is freed or preempted; the early return only saves "
         "the walk"
     ),
+    ("refengine/kv/host_pool.py", "__init__", "compare_boundary",
+     "pin = torch.cuda.is_available() and num_blocks >= 0"): (
+        "the flag only differs for a pool of 0 blocks: its tensors then hold no element, so pinned or not "
+        "nothing is ever copied into or out of them (no host block id exists), and nothing asks whether "
+        "they are pinned; on a machine without CUDA the flag is False either way"
+    ),
 }
 
 

@@ -1,10 +1,14 @@
-"""The host tiers at their edges, without a model: a prefix-cache tier of a single block, a host pool
+"""The host tiers' bookkeeping at its edges, without a model: a prefix-cache tier of a single block, its LRU
+order after a host hit, a chain running across both tiers, a failed step's undo of its loads, a host pool
 handed out to its last block, a host size that uses exactly the memory available, and a swap-in that
 needs every free device block."""
 
 from __future__ import annotations
 
 import pytest
+from pagedbench.refengine import SamplingParams
+from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
+from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.errors import InsufficientMemoryError, OutOfBlocksError
 from pagedbench.refengine.kv import prefix_hash
 from pagedbench.refengine.kv.block_manager import BlockManager
@@ -94,3 +98,44 @@ def test_a_block_computed_again_while_its_hash_is_on_the_host_keeps_the_chain_ac
     assert serve(bm, 3, [1, 1]) == 0  # (no hit on a prompt's last block) (1, 1) computed on the device again
     # (1, 1) hit on the device, (2, 2) on the host: its parent is the device block, by the same content id
     assert serve(bm, 4, [1, 1, 2, 2, 9]) == 4
+
+
+def test_a_failed_step_s_loads_preempt_only_the_sequences_that_hold_a_loaded_block():
+    """A running decode left without a chunk (the "separate" policy runs the step's prefills alone) holds no
+    block the failed step loaded from the host: it keeps running, its blocks untouched."""
+    bm = BlockManager(8, 4, enable_prefix_caching=True, num_host_blocks=8)
+    prompt = list(range(1, 14))  # three full blocks and the last token
+    serve(bm, "p", prompt)
+    serve(bm, "filler", list(range(100, 132)))  # the whole pool: the prompt's blocks go to the host
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8, stop=StopRule(frozenset(), 64),
+                      prefix_caching=True, policy="separate")
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    decoding = Sequence(9, 9, 0, [200, 201], 2, params, None)
+    sched.add(decoding)
+    sched.update(sched.schedule(), {9: 5})
+    table = bm.block_table(9)
+    for i in range(2):
+        sched.add(Sequence(i, 0, i, list(prompt), len(prompt), params, None))
+    out = sched.schedule()
+    assert len(out.offload_load) == 3 and [c.seq.seq_id for c in out.chunks] == [0, 1]
+    sched.roll_back()
+    assert sched.running == [decoding] and sorted(s.seq_id for s in sched.waiting) == [0, 1]
+    assert bm.block_table(9) == table and decoding.num_computed_tokens == 2 and decoding.num_preemptions == 0
+    bm.check_invariants()
+
+
+def test_a_block_evicted_before_its_load_ran_leaves_the_host_tier_as_it_was():
+    """A host hit's device block freed and evicted in the step that loads it (its sequence preempted, say)
+    has no KV yet: the tier stores nothing for it and does not touch its entry."""
+    bm = BlockManager(2, 2, enable_prefix_caching=True, num_host_blocks=3)
+    for i in (1, 2, 3):
+        serve(bm, i, [i, i, 99])
+    assert bm.allocate(4, [1, 1, 99]) == 2  # loads (1, 1), stores (3, 3): LRU order (2, 2), (1, 1), (3, 3)
+    bm.free(4)
+    bm.allocate(5, [7, 7, 99])  # evicts the block (1, 1) is being loaded into, before the load ran
+    stores, loads = bm.take_offload_copies()
+    assert len(stores) == 1 and len(loads) == 1
+    assert bm.host_tier.hashes() == [block_key((2, 2)), block_key((1, 1)), block_key((3, 3))]
+    bm.commit_offload_step()
+    bm.free(5)
+    bm.check_invariants()
