@@ -139,3 +139,12 @@ def test_a_block_evicted_before_its_load_ran_leaves_the_host_tier_as_it_was():
     bm.commit_offload_step()
     bm.free(5)
     bm.check_invariants()
+
+
+def test_a_block_manager_without_a_host_tier_plans_no_host_copies():
+    bm = BlockManager(2, 2, enable_prefix_caching=True)
+    for i in (1, 2, 3):
+        serve(bm, i, [i, i, 99])  # evictions with nowhere to store them
+    assert bm.host_tier is None and bm.take_offload_copies() == ([], [])
+    assert bm.undo_offload_step() == []
+    bm.check_invariants()
