@@ -120,6 +120,16 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "nothing is ever copied into or out of them (no host block id exists), and nothing asks whether "
         "they are pinned; on a machine without CUDA the flag is False either way"
     ),
+    ("refengine/engine/swap_preemption.py", "_swap_in_groups", "compare_boundary",
+     "if need > bm.num_free_blocks or seats + sum(s.seats for s in seqs) >= self.max_num_seqs:"): (
+        "the two differ only when the group would fill the seats exactly, which needs every seat it shared "
+        "with the running sequences when it was swapped out still taken (nothing is admitted while a group "
+        "is out, so the seats can only have emptied). Then no running sequence has ended or been preempted "
+        "since, and the only blocks freed are those of the group's own swap-out, less the one the decode "
+        "that forced it took (or, when the victim was that decode itself, without the room its last token "
+        "needs): fewer than the group needs, so the block test refuses it either way (a swap-in in the "
+        "swap-out's own step is refused before this test); not met in 5,000 random small schedules"
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """Swap preemption's exact decisions at their boundaries, driven without a model (sampled tokens are made
 up, as in test_scheduler.py): a victim whose distinct blocks fill the host pool exactly is swapped out, not
-recomputed, and swapped groups come back in the first step whose free blocks are exactly what they need."""
+recomputed; swapped groups come back in the first step whose free blocks are exactly what they need, and
+only while the step has budget for them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pagedbench.refengine.kv.host_pool import HostBlockAllocator
 from pagedbench.refengine.tests.test_scheduler import make_seq, plan, run_step
 
 
-def make_swapping(num_blocks: int, host_blocks: int, *, max_num_batched_tokens: int = 64):
+def make_swapping(num_blocks: int, host_blocks: int, *, max_num_batched_tokens: int = 64, max_num_seqs: int = 8,
+                  policy: str = "mixed"):
     bm = BlockManager(num_blocks, 2, enable_prefix_caching=True)
     host = HostBlockAllocator(host_blocks)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens,
-                      stop=StopRule(frozenset(), 64), prefix_caching=True, preemption_mode="swap",
+    sched = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                      stop=StopRule(frozenset(), 64), prefix_caching=True, policy=policy, preemption_mode="swap",
                       host_allocator=host)
     return bm, host, sched
 
@@ -46,3 +48,21 @@ def test_swapped_groups_come_back_when_the_free_blocks_are_exactly_what_they_nee
     out, _ = run_step(sched)  # 3 + 2 blocks needed, 5 free: both come back in this step
     assert len(out.swap_in) == 4 and not sched.swapped and bm.num_free_blocks == 0
     assert plan(out) == [(1, 4, 1), (2, 2, 2)] and sched.num_swap_ins == 2
+
+
+def test_swap_ins_stop_when_the_step_s_budget_is_spent():
+    """One token a step, prefills before decodes ("separate"): seq 0 decodes alone until it finishes, having
+    swapped out seq 2, then seq 1. In the next step seq 1 comes back with the one token; seq 2, whose
+    blocks would fit too, waits for a step with budget for it (back without a chunk, it would hold blocks
+    while it cannot run)."""
+    bm, _, sched = make_swapping(5, host_blocks=16, max_num_batched_tokens=1, policy="separate")
+    for seq_id, max_tokens in ((0, 9), (1, 4), (2, 2)):
+        sched.add(make_seq(seq_id, 1, max_tokens=max_tokens))
+    for _ in range(11):
+        run_step(sched)
+    assert [[s.seq_id for s in g.seqs] for g in sched.swapped] == [[1], [2]] and bm.num_free_blocks == 5
+    out, _ = run_step(sched)
+    assert plan(out) == [(1, 1, 1)] and len(out.swap_in) == 1
+    assert [[s.seq_id for s in g.seqs] for g in sched.swapped] == [[2]] and [s.seq_id for s in sched.running] == [1]
+    out, _ = run_step(sched)
+    assert plan(out) == [(2, 1, 1)] and len(out.swap_in) == 1 and not sched.swapped
