@@ -130,6 +130,12 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "needs): fewer than the group needs, so the block test refuses it either way (a swap-in in the "
         "swap-out's own step is refused before this test); not met in 5,000 random small schedules"
     ),
+    ("refengine/engine/swap_preemption.py", "_swap_in_groups", "compare_boundary", "if n >= 0:"): (
+        "n = min(seq.num_uncomputed_tokens, budget) with budget > 0 (the loop's condition), and a swapped "
+        "sequence always has a token to compute: it was swapped out while a step was planned, when every "
+        "running sequence has its last sampled token or the rest of its prompt uncomputed, and nothing "
+        "computes it while it is out; so n >= 1 and both tests pass"
+    ),
 }
 
 

@@ -148,3 +148,19 @@ def test_a_block_manager_without_a_host_tier_plans_no_host_copies():
     assert bm.host_tier is None and bm.take_offload_copies() == ([], [])
     assert bm.undo_offload_step() == []
     bm.check_invariants()
+
+
+def test_a_failed_step_whose_loaded_block_was_evicted_again_undoes_cleanly():
+    bm = BlockManager(2, 2, enable_prefix_caching=True, num_host_blocks=3)
+    for i in (1, 2, 3):
+        serve(bm, i, [i, i, 99])
+    bm.allocate(4, [1, 1, 99])  # loads (1, 1) into a fresh block, stores (3, 3)
+    loaded = bm.block_table(4)[0]
+    bm.free(4)
+    bm.allocate(5, [7, 7, 99])  # the loaded block evicted again (its identity gone) and taken by seq 5
+    bm.take_offload_copies()
+    assert bm.undo_offload_step() == [loaded]  # seq 5 holds it now: the caller frees its table
+    assert bm.host_tier.hashes() == [block_key((2, 2)), block_key((1, 1))], "the step's store (3, 3) is dropped"
+    bm.free(5)
+    bm.check_invariants()
+    assert serve(bm, 6, [1, 1, 99]) == 2  # the entry whose load failed is still good
