@@ -12,8 +12,8 @@ from pagedbench.refengine.tests.test_scheduler import make_seq, plan, run_step
 
 
 def make_swapping(num_blocks: int, host_blocks: int, *, max_num_batched_tokens: int = 64, max_num_seqs: int = 8,
-                  policy: str = "mixed"):
-    bm = BlockManager(num_blocks, 2, enable_prefix_caching=True)
+                  policy: str = "mixed", block_size: int = 2):
+    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
     host = HostBlockAllocator(host_blocks)
     sched = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       stop=StopRule(frozenset(), 64), prefix_caching=True, policy=policy, preemption_mode="swap",
@@ -66,3 +66,19 @@ def test_swap_ins_stop_when_the_step_s_budget_is_spent():
     assert [[s.seq_id for s in g.seqs] for g in sched.swapped] == [[2]] and [s.seq_id for s in sched.running] == [1]
     out, _ = run_step(sched)
     assert plan(out) == [(2, 1, 1)] and len(out.swap_in) == 1 and not sched.swapped
+
+
+def test_a_step_with_swap_ins_plans_no_more_tokens_than_its_budget():
+    """Parallel-sampling requests (n=3 and n=2) in a 4-block pool: swapped groups come back and each chunk
+    of theirs is charged to the step's budget of 4 tokens."""
+    _, _, sched = make_swapping(4, host_blocks=16, max_num_batched_tokens=4, max_num_seqs=3, block_size=4)
+    for seq_id, (prompt_len, max_tokens, n) in enumerate(((3, 6, 3), (9, 2, 2), (2, 4, 1))):
+        sched.add(make_seq(seq_id, prompt_len, max_tokens=max_tokens, n=n))
+    num_swap_ins = 0
+    for _ in range(40):
+        if not sched.has_unfinished():
+            break
+        out, _ = run_step(sched)
+        num_swap_ins += bool(out.swap_in)
+        assert sum(c.num_tokens for c in out.chunks) == out.num_batched_tokens <= 4, plan(out)
+    assert num_swap_ins > 0 and not sched.has_unfinished()
