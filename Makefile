@@ -100,8 +100,8 @@ test-model: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -m model $(PYTEST_FLAGS)
 
 ## The mutation check of the real source: mutants of the kernels, launchers, block manager, scheduler and
-## sampler against the tests that cover them, every mutant; writes results/mutation.md and .json (35 min for
-## 210 mutants on 2 shared cores). MUTANT_FLAGS="--only ID" re-runs some and updates their rows.
+## sampler against the tests that cover them, every mutant; writes results/mutation.md and .json (~55 min for
+## 279 mutants on 2 shared cores). MUTANT_FLAGS="--only ID" re-runs some and updates their rows.
 MUTANT_FLAGS ?=
 mutants: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pagedbench.conformance.mutation.check $(MUTANT_FLAGS)

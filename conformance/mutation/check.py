@@ -1,5 +1,6 @@
 """The mutation check of the real source (``make mutants``): mutants of our kernels, launchers, block
-manager, scheduler and sampler, each run against the tests that cover its file, reported in
+manager, host KV tiers, scheduler, swap preemption, tensor-parallel cut and sampler (the files and
+operators: :mod:`conformance.mutation.targets`), each run against the tests that cover its file, reported in
 ``results/mutation.md`` and ``results/mutation.json``.
 
 ``python -m pagedbench.conformance.mutation.check [-j 2] [--max-mutants N] [--per-operator N] [--seed 0]
@@ -36,122 +37,9 @@ from pagedbench.conformance.mutation import operators as ops
 from pagedbench.conformance.mutation.equivalents import equivalence_reason
 from pagedbench.conformance.mutation.report import write_report
 from pagedbench.conformance.mutation.runner import RunResult, Workspace, run_tests
+from pagedbench.conformance.mutation.targets import TARGETS, Target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KERNEL_OPS = (
-    "int32_offset",
-    "bound_plus_one",
-    "bound_minus_one",
-    "drop_mask",
-    "swap_dot_operands",
-    "drop_inf_guard",
-    "compare_boundary",
-)
-SUITE = "conformance/suite"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A file to mutate, its operators, and the tests that cover it (fastest killers first)."""
-
-    path: str
-    operators: tuple[str, ...]
-    tests: tuple[str, ...]
-
-
-TARGETS = (
-    Target(
-        "kernels/attention_kernels.py",
-        KERNEL_OPS,
-        (  # the fast files first: most mutants die there, before the large modules are collected; the
-            # guarded-memory checks before the rest, so an access out of bounds fails an assertion there
-            # rather than crashing a test that does not guard its tensors
-            "kernels/tests/test_reads_in_bounds.py",
-            f"{SUITE}/test_int64_offsets.py",
-            "kernels/tests/test_extreme_values.py",
-            "kernels/tests/test_prefill_window_tiles.py",
-            f"{SUITE}/test_decode.py",
-            f"{SUITE}/test_prefill.py",
-            "kernels/tests/test_decode_plan.py",  # forces 3 splits, which the suite's short cases clamp to 2
-            "kernels/tests/test_dot_path.py",
-            f"{SUITE}/test_fp8_kv.py",
-            f"{SUITE}/test_strided_layouts.py",
-            f"{SUITE}/test_batch_positions.py",
-            f"{SUITE}/test_layer_packed_cache.py",
-        ),
-    ),
-    Target(
-        "kernels/cache_kernels.py",
-        KERNEL_OPS,
-        (
-            "kernels/tests/test_reads_in_bounds.py",
-            f"{SUITE}/test_cache_ops.py",
-            f"{SUITE}/test_int64_offsets.py",
-            "kernels/tests/test_cache_tiles.py",
-            f"{SUITE}/test_copy_on_write_data.py",
-            f"{SUITE}/test_fp8_kv.py",
-            "kernels/tests/test_fp8_inputs.py",
-            f"{SUITE}/test_strided_layouts.py",
-            f"{SUITE}/test_layer_packed_cache.py",
-        ),
-    ),
-    Target(
-        "kernels/attention.py",
-        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
-        (
-            "kernels/tests/test_reads_in_bounds.py",
-            f"{SUITE}/test_decode.py",
-            f"{SUITE}/test_prefill.py",
-            "kernels/tests/test_decode_plan.py",
-            f"{SUITE}/test_strided_layouts.py",
-            f"{SUITE}/test_batch_positions.py",
-        ),
-    ),
-    Target(
-        "kernels/cache_ops.py",
-        ("launch_arg_plus_one", "grid_minus_one", "stride_assumed_dense"),
-        (
-            "kernels/tests/test_reads_in_bounds.py",
-            f"{SUITE}/test_cache_ops.py",
-            "kernels/tests/test_cache_tiles.py",
-            f"{SUITE}/test_copy_on_write_data.py",
-            f"{SUITE}/test_strided_layouts.py",
-        ),
-    ),
-    *(Target(
-        path,
-        operators,
-        (
-            f"{SUITE}/test_block_manager.py",
-            f"{SUITE}/test_block_manager_scenarios.py",
-            f"{SUITE}/test_copy_on_write_data.py",
-            f"{SUITE}/test_block_manager_stateful.py",
-            "refengine/tests/test_block_manager_fast_paths.py",
-            "refengine/tests/test_can_ever_allocate.py",
-        ),
-    ) for path, operators in (
-        ("refengine/kv/block_manager.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
-        ("refengine/kv/table_growth.py", ("compare_boundary", "const_off_by_one", "skip_cow", "ref_count_off_by_one")),
-        ("refengine/kv/prefix_cache.py", ("compare_boundary", "const_off_by_one")),
-        ("refengine/kv/token_checks.py", ("compare_boundary", "const_off_by_one")),
-    )),
-    Target(
-        "refengine/kv/decode_rounds.py",
-        ("compare_boundary", "const_off_by_one"),
-        ("refengine/tests/test_block_manager_fast_paths.py", "bench/tests/test_sim_fast_forward.py"),
-    ),
-    *(Target(path, operators, ("refengine/tests/test_scheduler.py", "refengine/tests/test_engine.py"))
-      for path, operators in (
-          ("refengine/engine/scheduler.py", ("compare_boundary", "preempt_oldest", "budget_not_charged")),
-          # recording a step: its comparisons (planning's preemption and budget live in scheduler.py)
-          ("refengine/engine/step_update.py", ("compare_boundary",)),
-      )),
-    Target(
-        "refengine/model/sampling.py",
-        ("compare_boundary", "const_off_by_one", "sampler_arith"),
-        ("refengine/tests/test_sampler.py", "refengine/tests/test_penalties.py"),
-    ),
-)
 #: pytest options for every run: the suite checks our implementation only
 PYTEST_EXTRA = ("--impl", "triton")
 

@@ -109,6 +109,33 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "every stored prefill row attends at least its own position, whose p = exp(0) = 1, so l_i >= 1 and "
         "`l_i > 0` and `l_i >= 0` agree on every row that is stored (rows outside r_mask are not)"
     ),
+    ("refengine/engine/prefix_offload_steps.py", "_undo_offload", "drop_guard", "if False and (not loaded):"): (
+        "with no block loaded the loop below runs over an empty set: `loaded.isdisjoint(...)` is true for every "
+        "running sequence, so each is skipped and nothing is freed or preempted; the early return only saves "
+        "the walk"
+    ),
+    ("refengine/kv/host_pool.py", "__init__", "compare_boundary",
+     "pin = torch.cuda.is_available() and num_blocks >= 0"): (
+        "the flag only differs for a pool of 0 blocks: its tensors then hold no element, so pinned or not "
+        "nothing is ever copied into or out of them (no host block id exists), and nothing asks whether "
+        "they are pinned; on a machine without CUDA the flag is False either way"
+    ),
+    ("refengine/engine/swap_preemption.py", "_swap_in_groups", "compare_boundary",
+     "if need > bm.num_free_blocks or seats + sum(s.seats for s in seqs) >= self.max_num_seqs:"): (
+        "the two differ only when the group would fill the seats exactly, which needs every seat it shared "
+        "with the running sequences when it was swapped out still taken (nothing is admitted while a group "
+        "is out, so the seats can only have emptied). Then no running sequence has ended or been preempted "
+        "since, and the only blocks freed are those of the group's own swap-out, less the one the decode "
+        "that forced it took (or, when the victim was that decode itself, without the room its last token "
+        "needs): fewer than the group needs, so the block test refuses it either way (a swap-in in the "
+        "swap-out's own step is refused before this test); not met in 5,000 random small schedules"
+    ),
+    ("refengine/engine/swap_preemption.py", "_swap_in_groups", "compare_boundary", "if n >= 0:"): (
+        "n = min(seq.num_uncomputed_tokens, budget) with budget > 0 (the loop's condition), and a swapped "
+        "sequence always has a token to compute: it was swapped out while a step was planned, when every "
+        "running sequence has its last sampled token or the rest of its prompt uncomputed, and nothing "
+        "computes it while it is out; so n >= 1 and both tests pass"
+    ),
 }
 
 

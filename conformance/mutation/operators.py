@@ -22,6 +22,11 @@ operator to a file and keeps the mutants that still parse. The operators and wha
 ``budget_not_charged`` a ``budget -= n`` that charges nothing
 ``sampler_arith``      temperature divides -> multiplies; top-p mass includes the token itself;
                        ``searchsorted(right=True)`` -> ``right=False``
+``drop_guard``         an early exit (``if c: return``/``continue``/``break``) never taken
+``eviction_order``     LRU order broken: a touched entry moved to the LRU end, the eviction scan run
+                       from the MRU end, or its pin test dropped
+``range_off_by_one``   a range ``[a, b)`` one element too long, or shifted one element on
+``copy_direction``     a planned block copy's source and destination swapped
 =====================  =========================================================================
 """
 
@@ -355,6 +360,77 @@ def sampler_arith(tree: ast.Module, src: _Source) -> list[Site]:
     return sites
 
 
+def drop_guard(tree: ast.Module, src: _Source) -> list[Site]:
+    """``if c: return`` (``continue``, ``break``) with no ``else`` -> ``if False and (c):``: the case the guard
+    leaves out (a block not to store, a group not to swap in yet) goes on as any other."""
+    return [
+        _span(n.test, f"False and ({src.text(n.test)})")  # (the test kept: each mutated line stays its own)
+        for n in _host_nodes(tree)
+        if isinstance(n, ast.If) and not n.orelse and len(n.body) == 1
+        and isinstance(n.body[0], (ast.Return, ast.Continue, ast.Break))
+    ]
+
+
+def _is_items_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "items"
+
+
+def eviction_order(tree: ast.Module, src: _Source) -> list[Site]:
+    """An LRU map's order broken: ``m.move_to_end(k)`` -> ``m.move_to_end(k, last=False)`` (a touched
+    entry becomes the next victim); an eviction scan (a ``for`` over ``m.items()`` that returns) run from
+    the MRU end; the scan's pin test (an ``if`` naming ``pinned``) always true (a pinned entry evicted)."""
+    sites = []
+    for n in _host_nodes(tree):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "move_to_end"
+                and len(n.args) == 1 and not n.keywords):
+            sites.append(_span(n, f"{src.text(n.func)}({src.text(n.args[0])}, last=False)"))
+        if isinstance(n, ast.For) and _is_items_call(n.iter) and any(isinstance(x, ast.Return) for x in ast.walk(n)):
+            sites.append(_span(n.iter, f"reversed(list({src.text(n.iter)}))"))
+            tests = [x.test for x in ast.walk(n) if isinstance(x, ast.If)]
+            sites += [_span(t, f"True or ({src.text(t)})") for t in tests if "pinned" in src.text(t)]
+    return sites
+
+
+def range_off_by_one(tree: ast.Module, src: _Source) -> list[Site]:
+    """A half-open range with both bounds (``slice(a, b)``, ``x[a:b]``: a rank's heads, a fused part's
+    rows, a block's tokens) one element too long (``b`` -> ``b + 1``) or one element further on
+    (``a + 1``, ``b + 1``)."""
+    sites = []
+    for n in _host_nodes(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "slice" and len(n.args) == 2:
+            lo, hi = n.args
+        elif isinstance(n, ast.Slice) and n.lower is not None and n.upper is not None and n.step is None:
+            lo, hi = n.lower, n.upper
+        else:
+            continue
+        between = _segment(src.lines, lo.end_lineno, lo.end_col_offset, hi.lineno, hi.col_offset)
+        sites.append(_span(hi, f"({src.text(hi)}) + 1"))
+        sites.append(Site(lo.lineno, lo.col_offset, hi.end_lineno, hi.end_col_offset,
+                          f"({src.text(lo)}) + 1{between}({src.text(hi)}) + 1"))
+    return sites
+
+
+def copy_direction(tree: ast.Module, src: _Source) -> list[Site]:
+    """A planned copy's two block ids swapped: ``BlockSwap(a, b)`` / ``BlockCopy(a, b)``, and a
+    ``(a, b)`` pair appended to a list of stores or loads, become ``(b, a)`` (the copy overwrites the
+    block it should read)."""
+    sites = []
+    for n in _host_nodes(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        pair = None
+        if isinstance(n.func, ast.Name) and n.func.id in ("BlockSwap", "BlockCopy") and len(n.args) == 2:
+            pair = n.args
+        elif (isinstance(n.func, ast.Attribute) and n.func.attr == "append" and len(n.args) == 1
+              and isinstance(n.args[0], ast.Tuple) and len(n.args[0].elts) == 2
+              and any(w in src.text(n.func.value) for w in ("store", "load"))):
+            pair = n.args[0].elts
+        if pair is not None:
+            a, b = pair
+            sites.append(Site(a.lineno, a.col_offset, b.end_lineno, b.end_col_offset, f"{src.text(b)}, {src.text(a)}"))
+    return sites
+
+
 Operator = Callable[[ast.Module, _Source], list[Site]]
 KERNEL_OPERATORS: dict[str, Operator] = {
     "int32_offset": int32_offset,
@@ -374,6 +450,10 @@ HOST_OPERATORS: dict[str, Operator] = {
     "preempt_oldest": preempt_oldest,
     "budget_not_charged": budget_not_charged,
     "sampler_arith": sampler_arith,
+    "drop_guard": drop_guard,
+    "eviction_order": eviction_order,
+    "range_off_by_one": range_off_by_one,
+    "copy_direction": copy_direction,
 }
 OPERATORS: dict[str, Operator] = {**KERNEL_OPERATORS, **LAUNCHER_OPERATORS, **HOST_OPERATORS}
 

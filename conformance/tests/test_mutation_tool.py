@@ -125,6 +125,68 @@ def test_host_operators_rewrite_exactly_their_span(operator, expected):
         ast.parse(m.source)
 
 
+TIER = textwrap.dedent("""
+    def store(self, b, hid):
+        if b.block_id in self._loading:
+            return
+        self._entries.move_to_end(b.block_hash)
+        self._stores.append((b.block_id, hid))
+        plan.append(BlockSwap(b.block_id, hid))
+
+
+    def evict(self):
+        for h, e in self._entries.items():
+            if not e.pinned:
+                del self._entries[h]
+                return h
+
+
+    def cut(w, r, part):
+        return w[slice(r * part, (r + 1) * part)]
+""")
+
+
+@pytest.mark.parametrize(
+    "operator,expected",
+    [
+        ("drop_guard", [("if b.block_id in self._loading:", "if False and (b.block_id in self._loading):")]),
+        (
+            "eviction_order",
+            [
+                ("self._entries.move_to_end(b.block_hash)", "self._entries.move_to_end(b.block_hash, last=False)"),
+                ("for h, e in self._entries.items():", "for h, e in reversed(list(self._entries.items())):"),
+                ("if not e.pinned:", "if True or (not e.pinned):"),
+            ],
+        ),
+        (
+            "copy_direction",
+            [
+                ("self._stores.append((b.block_id, hid))", "self._stores.append((hid, b.block_id))"),
+                ("plan.append(BlockSwap(b.block_id, hid))", "plan.append(BlockSwap(hid, b.block_id))"),
+            ],
+        ),
+        (
+            "range_off_by_one",
+            [
+                ("return w[slice(r * part, (r + 1) * part)]", "return w[slice((r * part) + 1, ((r + 1) * part) + 1)]"),
+                ("return w[slice(r * part, (r + 1) * part)]", "return w[slice(r * part, ((r + 1) * part) + 1)]"),
+            ],
+        ),
+    ],
+)
+def test_host_tier_and_shard_operators_rewrite_exactly_their_span(operator, expected):
+    mutants = one(TIER, operator)
+    assert [tuple(s.strip() for s in changed_lines(TIER, m.source)[0]) for m in mutants] == expected
+    for m in mutants:
+        assert len(changed_lines(TIER, m.source)) == 1
+        ast.parse(m.source)
+
+
+def test_range_off_by_one_takes_subscript_ranges_with_both_bounds_only():
+    got = [m.mutated for m in one("def f(t, i, n):\n    return t[i:n], t[:n], t[i:], t[i:n:2]\n", "range_off_by_one")]
+    assert got == ["(i) + 1:(n) + 1", "(n) + 1"]
+
+
 def test_every_operator_still_finds_sites_in_the_files_it_targets():
     found = mutation_check.all_mutants()
     for target in mutation_check.TARGETS:

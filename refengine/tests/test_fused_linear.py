@@ -4,9 +4,11 @@ views of the fused weight, a part replaced is fused again, and tensor parallelis
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from pagedbench.refengine import AttentionMetadata, load_model
 from pagedbench.refengine.model import llama
+from pagedbench.refengine.model.fused_linear import fuse
 from pagedbench.refengine.parallel.linear import shard_model
 
 BS, NUM_BLOCKS = 4, 8
@@ -42,6 +44,21 @@ def test_loaded_model_parts_are_views_of_one_weight():
     assert attn.q_proj.weight.untyped_storage().data_ptr() == f.weight.untyped_storage().data_ptr()
     assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()  # the checkpoint's names
     assert not any("fusion" in name for name in model.state_dict())
+    ptr = attn.q_proj.weight.data_ptr()
+    _step(model)  # a forward over parts that are still views keeps their fusion: nothing is copied again
+    assert attn.qkv_fusion is f and attn.q_proj.weight.data_ptr() == ptr
+
+
+@pytest.mark.parametrize("widths,dtypes,biases", [
+    ((4, 5), (torch.float32, torch.float32), (False, False)),
+    ((4, 4), (torch.float32, torch.float64), (False, False)),
+    ((4, 4), (torch.float32, torch.float32), (True, False)),
+], ids=["input-widths", "dtypes", "bias-on-one"])
+def test_layers_that_cannot_share_one_matmul_are_left_as_they_are(widths, dtypes, biases):
+    layers = [torch.nn.Linear(w, 3, bias=b, dtype=t) for w, t, b in zip(widths, dtypes, biases)]
+    weights = [layer.weight for layer in layers]
+    assert fuse(layers) is None
+    assert all(layer.weight is w and layer.weight.dtype == t for layer, w, t in zip(layers, weights, dtypes))
 
 
 def test_fused_step_matches_separate_matmuls():
