@@ -130,6 +130,17 @@ EQUIVALENT: dict[tuple[str, str, str, str], str] = {
         "needs): fewer than the group needs, so the block test refuses it either way (a swap-in in the "
         "swap-out's own step is refused before this test); not met in 5,000 random small schedules"
     ),
+    ("refengine/engine/swap_preemption.py", "_swap_in_groups", "drop_guard",
+     "if False and (group in self._swapped_out_step):"): (
+        "a group swapped out in this step was swapped out because the step lacked the blocks it now needs "
+        "back, and the sequence that lacked them took what the swap-out freed; so the block test refuses it "
+        "in the same step either way, and the guard only decides the case where no one else runs (a lone "
+        "group that outgrows the whole pool): with the guard the step plans nothing and the scheduler "
+        "raises 'made no progress', without it the group falls back to recompute and fails the same way a "
+        "step later. LLM.add_request admits a request only if its prompt and max_tokens fit the pool "
+        "(can_ever_allocate), so the engine never reaches that case; argued, and not met in 5,000 random "
+        "small schedules"
+    ),
     ("refengine/engine/swap_preemption.py", "_swap_in_groups", "compare_boundary", "if n >= 0:"): (
         "n = min(seq.num_uncomputed_tokens, budget) with budget > 0 (the loop's condition), and a swapped "
         "sequence always has a token to compute: it was swapped out while a step was planned, when every "
