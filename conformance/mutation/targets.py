@@ -158,6 +158,8 @@ TARGETS = (
         ),
     ) for path, operators in (
         ("refengine/kv/host_pool.py", ("compare_boundary",)),
+        # the host pools' size checks (torch-free, so the CLI runs them before loading)
+        ("refengine/engine/host_memory_arguments.py", ("compare_boundary",)),
         ("refengine/kv/swap_tables.py", ("compare_boundary", "ref_count_off_by_one")),
         ("refengine/engine/swap_preemption.py", ("compare_boundary", "budget_not_charged", "drop_guard",
                                                  "copy_direction")),

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 from pagedbench.refengine import SamplingParams
+from pagedbench.refengine.engine.host_memory_arguments import GIB, checked_host_space_bytes
 from pagedbench.refengine.engine.scheduler import Scheduler, StopRule
 from pagedbench.refengine.engine.sequence import Sequence
 from pagedbench.refengine.errors import InsufficientMemoryError, OutOfBlocksError
 from pagedbench.refengine.kv import prefix_hash
 from pagedbench.refengine.kv.block_manager import BlockManager
-from pagedbench.refengine.kv.host_pool import GIB, HostBlockAllocator, checked_host_space_bytes
+from pagedbench.refengine.kv.host_pool import HostBlockAllocator
 
 
 def block_key(tokens: tuple) -> bytes:
