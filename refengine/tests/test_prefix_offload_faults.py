@@ -21,19 +21,23 @@ def workload():
     return prompts[:4], params[:4]
 
 
+def plant_copy(host_pool, side: str, fault: Fault, monkeypatch) -> None:
+    """The fault just before a copy whose ``side`` ("src" or "dst") is ``host_pool``: that copy never ran."""
+    real = model_executor.copy_blocks_between
+    host_k = host_pool.kv_caches()[0][0]
+
+    def copy(src, dst, pairs):
+        if pairs and (dst if side == "dst" else src)[0][0] is host_k:
+            fault.hit()
+        real(src, dst, pairs)
+    monkeypatch.setattr(model_executor, "copy_blocks_between", copy)
+
+
 def plant_offload(llm, seam: str, fault: Fault, monkeypatch) -> None:
     if seam not in ("offload-store", "offload-load"):
         plant(llm, seam, fault, monkeypatch)
         return
-    real = model_executor.copy_blocks_between
-    host_k = llm.offload_pool.kv_caches()[0][0]
-
-    def copy(src, dst, pairs):  # the fault before the copy: it never ran
-        target = dst if seam == "offload-store" else src
-        if pairs and target[0][0] is host_k:
-            fault.hit()
-        real(src, dst, pairs)
-    monkeypatch.setattr(model_executor, "copy_blocks_between", copy)
+    plant_copy(llm.offload_pool, "dst" if seam == "offload-store" else "src", fault, monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 from pagedbench.refengine import LLM, SamplingParams, load_model
-from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.engine.leak_check import check_no_leak
 from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, plant, serve
 from pagedbench.refengine.tests.test_prefix_offload import SHARED, gib
+from pagedbench.refengine.tests.test_prefix_offload_faults import plant_copy
 
 #: the copies between the pools: (the side of the copy the host pool is on, which host pool)
 COPY_SEAMS = {"swap-out": ("dst", "host_pool"), "swap-in": ("src", "host_pool"),
@@ -44,14 +44,7 @@ def plant_both(llm: LLM, seam: str, fault: Fault, monkeypatch) -> None:
         plant(llm, seam, fault, monkeypatch)
         return
     side, pool = COPY_SEAMS[seam]
-    host_k = getattr(llm, pool).kv_caches()[0][0]
-    real = model_executor.copy_blocks_between
-
-    def copy(src, dst, pairs):
-        if pairs and (dst if side == "dst" else src)[0][0] is host_k:
-            fault.hit()
-        real(src, dst, pairs)
-    monkeypatch.setattr(model_executor, "copy_blocks_between", copy)
+    plant_copy(getattr(llm, pool), side, fault, monkeypatch)
 
 
 @pytest.fixture(scope="module")
