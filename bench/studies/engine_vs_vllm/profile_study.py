@@ -75,8 +75,12 @@ def main(argv: list[str]) -> None:
             profile_engine(args.vllm_python, "vllm-eager", args)]
     import torch
 
+    threads = torch.get_num_threads()  # `make bench` runs the studies after this one in the same process
     torch.set_num_threads(args.threads)
-    gemm = compare_gemm_paths(json.loads((args.model / "config.json").read_text()))
+    try:
+        gemm = compare_gemm_paths(json.loads((args.model / "config.json").read_text()))
+    finally:
+        torch.set_num_threads(threads)
     doc = {"environment": environment(), "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
            "config": {"model": str(args.model), "num_requests": args.num_requests, "max_tokens": args.max_tokens,
                       "threads": args.threads, "dtype": "float32", "kv_cache_bytes": 2**30,
