@@ -158,9 +158,13 @@ class BlockPool:
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         arrays, ks, vs = [], [], []
         for _ in range(self.num_layers):
-            # zeros: calloc'd pages the OS maps on first touch, so an unpoisoned pool costs no fill
-            k_arr = xp.full(shape, nan_bits, dtype=storage) if self.poison else xp.zeros(shape, dtype=storage)
-            v_arr = xp.full(shape, nan_bits, dtype=storage) if self.poison else xp.zeros(shape, dtype=storage)
+            # Filled here, never left calloc'd: a lazily mapped pool takes a page fault (with transparent
+            # huge pages, a 2 MiB zero-fill) on the first write to each page, inside the decode steps that
+            # the engine is timed on, and the FIFO free list keeps handing out untouched blocks. vLLM's
+            # torch.zeros pays the same fill at start-up.
+            k_arr, v_arr = xp.empty(shape, dtype=storage), xp.empty(shape, dtype=storage)
+            k_arr.fill(nan_bits if self.poison else 0)
+            v_arr.fill(nan_bits if self.poison else 0)
             arrays.append((k_arr, v_arr))
             ks.append(to_torch(k_arr).view(self.dtype))
             vs.append(to_torch(v_arr).view(self.dtype))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -263,3 +265,20 @@ def test_the_gpu_probe_refuses_a_pool_larger_than_the_gpu():
     free = torch.cuda.mem_get_info()[0]
     with pytest.raises(InsufficientMemoryError, match="the GPU has"):
         BlockPool(1, 8, 128, 16, torch.float16, memory_bytes=2 * free)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident size is read from Linux's /proc")
+@pytest.mark.parametrize("poison", [False, True])
+def test_the_pool_is_resident_once_built(poison):
+    # A lazily mapped (calloc'd) pool would fault on each page's first write inside the timed decode steps;
+    # 2 x 96 MiB arrays are above glibc's mmap threshold, so they come as fresh, unmapped pages.
+    before = _resident_bytes()
+    pool = BlockPool(1, 4, 64, 16, torch.float32, num_blocks=6144, poison=poison)
+    grown = _resident_bytes() - before
+    assert grown >= 0.9 * pool.total_bytes, f"only {grown:,} of {pool.total_bytes:,} bytes are resident"
+    assert bool(torch.isnan(pool.k(0)).all()) if poison else not bool(pool.k(0).any())
