@@ -20,7 +20,7 @@ class LLMStats:
     mean_table_blocks: float  # mean over steps of block-table entries (a shared block once per table)
     prefix_query_tokens: int  # prompt tokens looked up in the prefix cache (re-admissions included)
     prefix_hit_tokens: int  # of those, tokens served from the device pool's cache (not computed)
-    num_preemptions: int  # sequences preempted (recompute)
+    num_preemptions: int  # sequences preempted, by recompute or by swap (swapped ones are counted too)
     num_steps: int  # engine steps run
     num_requests: int  # requests served
     num_rejected_requests: int  # requests rejected with an error

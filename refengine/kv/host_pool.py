@@ -61,9 +61,11 @@ class HostBlockAllocator:
         return ids
 
     def release(self, ids: list[int]) -> None:
+        seen: set[int] = set()
         for i in ids:
-            if self._is_free[i]:
+            if self._is_free[i] or i in seen:  # a duplicate id would sit in the free list twice
                 raise AssertionError(f"host block {i} released twice")
+            seen.add(i)
         for i in ids:
             self._is_free[i] = True
         self._free.extend(ids)

@@ -56,6 +56,9 @@ def test_the_host_allocator_hands_out_its_last_block_and_refuses_one_more():
     with pytest.raises(AssertionError, match="host block 2 released twice"):
         host.release([0, 2])
     assert host.num_free_blocks == 1, "a refused release freed a block"
+    with pytest.raises(AssertionError, match="host block 0 released twice"):
+        host.release([0, 0])  # twice in one call: the id would be handed out to two groups
+    assert host.num_free_blocks == 1, "a refused release freed a block"
 
 
 def test_a_host_size_that_uses_exactly_the_available_memory_is_accepted():
