@@ -29,7 +29,7 @@ from pagedbench.conformance.peers import (
     vllm_unified,
 )
 from pagedbench.conformance.peers.findings_page import FamilyReview, Finding, attend, render
-from pagedbench.conformance.peers.stride_findings import SGLANG_DECODE_FILE, STRIDE_FINDINGS
+from pagedbench.conformance.peers.stride_findings import SGLANG_DECODE_FILE, STRIDE_FINDINGS, sglang_decode_one_sequence
 
 
 def vllm_paged_decode_reads_unused_slots():
@@ -222,7 +222,6 @@ def merges_read_an_empty_parts_output():
 
 def sglang_grouped_decode_reads_the_wrong_kv_head():
     import torch
-    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 
     torch.manual_seed(0)
     d, n, splits, scale = 32, 5, 2, 32**-0.5
@@ -231,22 +230,7 @@ def sglang_grouped_decode_reads_the_wrong_kv_head():
         q = torch.randn(1, heads, d, dtype=torch.float16)
         k = torch.randn(n, kv_heads, d, dtype=torch.float16)  # one sequence of n tokens: [tokens, kv_heads, d]
         v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        decode_attention_fwd(
-            q,
-            k,
-            v,
-            out,
-            kv_indptr=torch.tensor([0, n], dtype=torch.int32),
-            kv_indices=torch.arange(n),
-            attn_logits=torch.empty(1, heads, splits, d),
-            attn_lse=torch.empty(1, heads, splits),
-            num_kv_splits=torch.full((1,), splits, dtype=torch.int32),
-            max_kv_splits=splits,
-            sm_scale=scale,
-            k_scale=1.0,
-            v_scale=1.0,
-        )
+        out = sglang_decode_one_sequence(q, k, v, splits, scale)
         err = (out[0].double() - attend(q[0], k, v, scale)).abs().amax(-1)
         wrong = [h for h in range(heads) if err[h] > 1e-2]
         print(f"{heads} query heads over {kv_heads} KV heads (group {heads // kv_heads}): wrong heads {wrong}")

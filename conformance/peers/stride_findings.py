@@ -94,9 +94,34 @@ def vllm_cache_write_reads_slots_and_token_dims_as_dense():
     return wrong
 
 
-def sglang_decode_reads_the_query_dims_as_dense():
+def sglang_decode_one_sequence(q, k, v, splits: int, scale: float):
+    """SGLang's ``decode_attention_fwd`` over one sequence: ``q`` ``[1, heads, d]`` against the ``n`` tokens of
+    ``k`` and ``v`` ``[n, kv_heads, d]`` in ``splits`` KV splits; the output, ``[1, heads, d]`` in q's dtype."""
     import torch
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+    n, (_, heads, d) = k.shape[0], q.shape
+    out = torch.empty(1, heads, d, dtype=q.dtype)
+    decode_attention_fwd(
+        q,
+        k,
+        v,
+        out,
+        kv_indptr=torch.tensor([0, n], dtype=torch.int32),
+        kv_indices=torch.arange(n),
+        attn_logits=torch.empty(1, heads, splits, d),
+        attn_lse=torch.empty(1, heads, splits),
+        num_kv_splits=torch.full((1,), splits, dtype=torch.int32),
+        max_kv_splits=splits,
+        sm_scale=scale,
+        k_scale=1.0,
+        v_scale=1.0,
+    )
+    return out
+
+
+def sglang_decode_reads_the_query_dims_as_dense():
+    import torch
 
     torch.manual_seed(0)
     heads, kv_heads, d, n, splits, scale = 4, 2, 32, 5, 2, 32**-0.5
@@ -104,22 +129,7 @@ def sglang_decode_reads_the_query_dims_as_dense():
     k, v = torch.randn(n, kv_heads, d), torch.randn(n, kv_heads, d)  # one sequence of n tokens
 
     def decode(query):
-        out = torch.empty(1, heads, d)
-        decode_attention_fwd(
-            query,
-            k,
-            v,
-            out,
-            kv_indptr=torch.tensor([0, n], dtype=torch.int32),
-            kv_indices=torch.arange(n),
-            attn_logits=torch.empty(1, heads, splits, d),
-            attn_lse=torch.empty(1, heads, splits),
-            num_kv_splits=torch.full((1,), splits, dtype=torch.int32),
-            max_kv_splits=splits,
-            sm_scale=scale,
-            k_scale=1.0,
-            v_scale=1.0,
-        )
+        out = sglang_decode_one_sequence(query, k, v, splits, scale)
         return (out[0].double() - attend(q[0], k, v, scale)).abs().max().item()
 
     wide = torch.full((1, heads, d, 2), float("nan"))
