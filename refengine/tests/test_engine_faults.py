@@ -142,6 +142,24 @@ def serve(llm: LLM, prompts, params, *, fault: Fault | None = None, fail_at: int
     return [[(c.token_ids, c.logprobs and [sorted(e) for e in c.logprobs]) for c in cs] for cs in outs], steps
 
 
+def fail_at_every_step(new_llm, plant_fault, prompts, params, want, num_steps: int, seam: str,
+                       after=None) -> int:
+    """Serves the workload once per step number, on a fresh engine from ``new_llm()`` with a :class:`Fault`
+    planted by ``plant_fault(llm, fault)`` and armed at that step; asserts the tokens are ``want`` and
+    runs ``after(llm)`` (a leak check) each time. Returns how many times the fault fired."""
+    fired = 0
+    for fail_at in range(num_steps):
+        llm = new_llm()
+        fault = Fault()
+        plant_fault(llm, fault)
+        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)
+        assert got == want, f"{seam} failing at step {fail_at}"
+        if after is not None:
+            after(llm)
+        fired += fault.fired
+    return fired
+
+
 @pytest.fixture(scope="module")
 def fault_free(loaded):
     prompts, params = workload()
@@ -158,14 +176,8 @@ SEAMS = ("planning", "inputs", "forward", "mid-forward", "copy", "sampler", "upd
 def test_a_failed_step_at_every_step_and_seam_changes_no_token(loaded, fault_free, seam, monkeypatch):
     want, num_steps = fault_free
     prompts, params = workload()
-    fired = 0
-    for fail_at in range(num_steps):
-        llm = make_llm(loaded)
-        fault = Fault()
-        plant(llm, seam, fault, monkeypatch)
-        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)
-        assert got == want, f"{seam} failing at step {fail_at}"
-        fired += fault.fired
+    fired = fail_at_every_step(lambda: make_llm(loaded), lambda llm, fault: plant(llm, seam, fault, monkeypatch),
+                               prompts, params, want, num_steps, seam)
     # admissions and appends, the copy, the sampler and publishing are reached only in some steps
     least = 2 if seam in ("planning", "copy", "sampler", "mid-update") else num_steps
     assert fired >= least, f"the {seam} fault fired {fired} times in {num_steps} runs"
@@ -179,11 +191,8 @@ def test_a_failed_step_at_every_step_and_seam_changes_no_token(loaded, fault_fre
 def test_faults_under_other_configurations(loaded, seam, kw, monkeypatch):
     prompts, params = workload()
     want, num_steps = serve(make_llm(loaded, **kw), prompts, params)
-    for fail_at in range(num_steps):
-        llm = make_llm(loaded, **kw)
-        fault = Fault()
-        plant(llm, seam, fault, monkeypatch)
-        assert serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)[0] == want, f"step {fail_at}"
+    fail_at_every_step(lambda: make_llm(loaded, **kw), lambda llm, fault: plant(llm, seam, fault, monkeypatch),
+                       prompts, params, want, num_steps, seam)
 
 
 def test_a_failed_copy_on_write_copy_does_not_change_the_tokens(loaded, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 from pagedbench.refengine import load_model
 from pagedbench.refengine.engine import model_executor
 from pagedbench.refengine.engine.leak_check import check_no_leak
-from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, plant, serve
+from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, fail_at_every_step, plant, serve
 from pagedbench.refengine.tests.test_prefix_offload import gib, make_llm, offload_workload
 
 # (no copy-on-write here: the copy seam is test_engine_faults')
@@ -60,15 +60,9 @@ def test_a_failed_step_with_host_tier_copies_leaks_nothing_and_changes_no_token(
                                                                                monkeypatch):
     want, num_steps = fault_free
     prompts, params = workload()
-    fired = 0
-    for fail_at in range(num_steps):
-        llm = make_llm(loaded, kv_offloading_size=gib(32))
-        fault = Fault()
-        plant_offload(llm, seam, fault, monkeypatch)
-        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)
-        assert got == want, f"{seam} failing at step {fail_at}"
-        check_no_leak(llm.block_manager, llm.scheduler)
-        fired += fault.fired
+    fired = fail_at_every_step(lambda: make_llm(loaded, kv_offloading_size=gib(32)),
+                               lambda llm, fault: plant_offload(llm, seam, fault, monkeypatch), prompts, params,
+                               want, num_steps, seam, after=lambda llm: check_no_leak(llm.block_manager, llm.scheduler))
     assert fired >= 1, f"the {seam} fault never fired"
 
 

@@ -14,7 +14,15 @@ from pagedbench.refengine.kv.block_manager import BlockManager
 from pagedbench.refengine.kv.block_pool import BlockPool
 from pagedbench.refengine.kv.host_pool import HostBlockPool
 from pagedbench.refengine.kv.swap_copy import copy_blocks_between
-from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, make_llm, plant, serve, workload
+from pagedbench.refengine.tests.test_engine_faults import (
+    MODEL,
+    Fault,
+    fail_at_every_step,
+    make_llm,
+    plant,
+    serve,
+    workload,
+)
 
 BYTES_PER_BLOCK = 2 * 2 * 4 * 2 * 8 * 4  # K and V x 2 layers x 4 slots x 2 heads x head_dim 8 x fp32
 
@@ -184,15 +192,8 @@ def plant_swap(llm: LLM, seam: str, fault: Fault, monkeypatch) -> None:
 def test_a_failed_step_with_swaps_leaks_nothing_and_changes_no_token(loaded, unpreempted, seam, monkeypatch):
     prompts, params = workload()
     _, num_steps = serve(swap_llm(loaded), prompts, params)
-    fired = 0
-    for fail_at in range(num_steps):
-        llm = swap_llm(loaded)
-        fault = Fault()
-        plant_swap(llm, seam, fault, monkeypatch)
-        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)  # (device blocks all free)
-        assert got == unpreempted, f"{seam} failing at step {fail_at}"
-        assert_host_free(llm)
-        fired += fault.fired
+    fired = fail_at_every_step(lambda: swap_llm(loaded), lambda llm, fault: plant_swap(llm, seam, fault, monkeypatch),
+                               prompts, params, unpreempted, num_steps, seam, after=assert_host_free)
     assert fired >= 1, f"the {seam} fault never fired"
 
 

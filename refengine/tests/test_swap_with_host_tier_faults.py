@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pagedbench.refengine import LLM, SamplingParams, load_model
 from pagedbench.refengine.engine.leak_check import check_no_leak
-from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, plant, serve
+from pagedbench.refengine.tests.test_engine_faults import MODEL, Fault, fail_at_every_step, plant, serve
 from pagedbench.refengine.tests.test_prefix_offload import SHARED, gib
 from pagedbench.refengine.tests.test_prefix_offload_faults import plant_copy
 
@@ -73,13 +73,7 @@ def test_a_failed_step_with_swaps_and_host_tier_copies_changes_no_token_and_leak
         loaded, fault_free, seam, monkeypatch):
     want, num_steps = fault_free
     prompts, params = workload()
-    fired = 0
-    for fail_at in range(num_steps):
-        llm = make_llm(loaded)
-        fault = Fault()
-        plant_both(llm, seam, fault, monkeypatch)
-        got, _ = serve(llm, prompts, params, fault=fault, fail_at=fail_at, seam=seam)
-        assert got == want, f"{seam} failing at step {fail_at}"
-        check_no_leak(llm.block_manager, llm.scheduler)
-        fired += fault.fired
+    fired = fail_at_every_step(lambda: make_llm(loaded), lambda llm, fault: plant_both(llm, seam, fault, monkeypatch),
+                               prompts, params, want, num_steps, seam,
+                               after=lambda llm: check_no_leak(llm.block_manager, llm.scheduler))
     assert fired >= 1, f"the {seam} fault never fired"
