@@ -47,6 +47,7 @@ from pagedbench.refengine.engine.llm_arguments import (
     PREEMPTION_MODES,
     poison_from_env,
 )
+from pagedbench.refengine.engine.llm_arguments import check_options as _check_options
 from pagedbench.refengine.engine.llm_arguments import positive as _positive
 from pagedbench.refengine.engine.llm_arguments import tensor_parallel_size as _tensor_parallel_size
 from pagedbench.refengine.engine.model_executor import ModelExecutor
@@ -111,6 +112,11 @@ class LLM:
     ``OMP_NUM_THREADS`` is set or torch already has fewer; ``engine/cpu_threads.py``). torch's count is
     process-wide: it stays set after the ``LLM`` is gone.
 
+    ``linear_path``: "auto" (default: per call site, oneDNN on a weight packed once where it measures
+    faster than ``F.linear`` on this machine at those threads; ``refengine/model/prepacked_linear.py``),
+    "torch" (``F.linear`` everywhere) or "onednn". The choice, with its timings, is in ``linear_paths``.
+    A packed weight costs its bytes again; a GPU, and ``tensor_parallel_size > 1``, run ``F.linear``.
+
     ``preemption_mode``: "recompute" (a victim's blocks are dropped and its tokens computed again) or
     "swap" (paged allocator only: its blocks are copied to a host pool of ``swap_space`` GiB and back,
     ``engine/swap_preemption.py``; a group the host pool cannot take is recomputed and counted in
@@ -135,29 +141,17 @@ class LLM:
                  watermark_blocks: int = 0, batch_invariant: bool = False,
                  poison_kv_cache: bool | None = None, kv_cache_dtype: str = "auto",
                  tensor_parallel_size: int = 1, preemption_mode: str = "recompute", swap_space: float = 4,
-                 kv_offloading_size: float = 0, num_threads: int | None = None) -> None:
+                 kv_offloading_size: float = 0, num_threads: int | None = None,
+                 linear_path: str = "auto") -> None:
         # every argument checked before the model loads
         self.tensor_parallel_size = _tensor_parallel_size(tensor_parallel_size, model, attention_backend,
                                                           batch_invariant)
         swap_bytes = _swap_space_bytes(preemption_mode, swap_space, allocator, self.tensor_parallel_size)
         offload_bytes = _kv_offloading_bytes(kv_offloading_size, swap_bytes, allocator, enable_prefix_caching,
                                              self.tensor_parallel_size)
-        if allocator not in ALLOCATORS:
-            raise InvalidArgumentError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {allocator!r}")
-        if not isinstance(policy, str) or policy not in POLICIES:
-            raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-        if isinstance(watermark_blocks, bool) or not isinstance(watermark_blocks, int) or watermark_blocks < 0:
-            raise InvalidArgumentError(f"watermark_blocks must be an int >= 0, got {watermark_blocks!r}")
-        if watermark_blocks and allocator != "paged":
-            raise InvalidArgumentError(f"watermark_blocks applies to the paged allocator only, got "
-                                       f"watermark_blocks={watermark_blocks} with allocator={allocator!r}")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InvalidArgumentError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
-                                       f"got {kv_cache_dtype!r}")
-        if batch_invariant and kv_cache_dtype != "auto":
-            # the batch-invariant attention reads the cache in the model's dtype: it has no fp8 dequantize
-            raise InvalidArgumentError(f"batch_invariant=True does not support kv_cache_dtype={kv_cache_dtype!r}; "
-                                       "use kv_cache_dtype='auto'")
+        _check_options(allocator=allocator, policy=policy, watermark_blocks=watermark_blocks,
+                       kv_cache_dtype=kv_cache_dtype, batch_invariant=batch_invariant, linear_path=linear_path,
+                       tensor_parallel_size=self.tensor_parallel_size)
         self.block_size = _positive("block_size", block_size)
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
@@ -176,6 +170,8 @@ class LLM:
         else:
             self.loaded = load_model(model, dtype=dtype, attention_backend=attention_backend, seed=seed)
         self.model, self.config, self.tokenizer = self.loaded.model, self.loaded.config, self.loaded.tokenizer
+        # after the threads are set: "auto" measures at the count the engine runs with
+        self.linear_paths = self.model.set_linear_paths(linear_path if self.tensor_parallel_size == 1 else "torch")
         kv_dtype = self.model.dtype if kv_cache_dtype == "auto" else KV_CACHE_DTYPES[kv_cache_dtype]
         backend = getattr(getattr(self.model, "attention_backend", None), "name", None)
         if kv_cache_dtype != "auto" and backend not in FP8_BACKENDS:

@@ -30,6 +30,7 @@ from pagedbench.refengine.model.attention_backend import AttentionBackend, Atten
 from pagedbench.refengine.model.batch_invariance import linear, linear_weights, pad_rows, padded_rows
 from pagedbench.refengine.model.config import ModelConfig, RopeScaling
 from pagedbench.refengine.model.fused_linear import FusedLinear, fuse, fused
+from pagedbench.refengine.model.prepacked_linear import LinearPath, choose_paths
 from torch import nn
 from torch.nn import functional as F
 
@@ -110,10 +111,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, hkv * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.o_proj_bias)
         self.qkv_fusion: FusedLinear | None = None  # q/k/v as one matmul (``fused_linear``)
+        self.qkv_path, self.o_path = LinearPath(), LinearPath()  # F.linear or oneDNN (``prepacked_linear``)
 
     def fuse_projections(self) -> None:
         """q/k/v_proj's weights into one tensor (theirs become views of it): one matmul per forward."""
         self.qkv_fusion = fuse((self.q_proj, self.k_proj, self.v_proj))
+
+    def linear_sites(self) -> dict:
+        """``{"qkv": (path, weight, bias), "o": ...}`` (``qkv`` None when q/k/v cannot be fused)."""
+        self.qkv_fusion = f = fused(self.qkv_fusion, (self.q_proj, self.k_proj, self.v_proj))
+        return {"qkv": None if f is None else (self.qkv_path, f.weight, f.bias),
+                "o": (self.o_path, self.o_proj.weight, self.o_proj.bias)}
 
     def _qkv(self, x: torch.Tensor, inv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> q [T, Hq * D], k and v [T, Hkv * D] (views of one product when fused)."""
@@ -122,7 +130,8 @@ class Attention(nn.Module):
         f = self.qkv_fusion
         if f is None:
             return tuple(linear(p, x, inv) for p in parts)
-        return linear_weights(x, f.weight, f.bias, inv).split(f.split_sizes, dim=-1)
+        qkv = linear_weights(x, f.weight, f.bias, True) if inv else self.qkv_path(x, f.weight, f.bias)
+        return qkv.split(f.split_sizes, dim=-1)
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]):
         """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` (k, v caches).
@@ -140,7 +149,9 @@ class Attention(nn.Module):
             q, k, v = q[:n], k[:n], v[:n]
         out = self.backend.forward(q, k, v.contiguous(), kv_cache[0], kv_cache[1], meta, self.scale)
         out = out.reshape(n, self.num_heads * self.head_dim)
-        return linear(self.o_proj, pad_rows(out, t) if inv else out, inv)
+        if inv:
+            return linear(self.o_proj, pad_rows(out, t), True)
+        return self.o_path.of(self.o_proj, out)
 
 
 class MLP(nn.Module):
@@ -152,19 +163,30 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_fusion: FusedLinear | None = None  # gate/up as one matmul (``fused_linear``)
+        self.gate_up_path, self.down_path = LinearPath(), LinearPath()  # (``prepacked_linear``)
 
     def fuse_projections(self) -> None:
         """gate/up_proj's weights into one tensor (theirs become views of it): one matmul per forward."""
         self.gate_up_fusion = fuse((self.gate_proj, self.up_proj))
+
+    def linear_sites(self) -> dict:
+        """``{"gate_up": (path, weight, bias), "down": ...}`` (``gate_up`` None when they cannot be fused)."""
+        self.gate_up_fusion = f = fused(self.gate_up_fusion, (self.gate_proj, self.up_proj))
+        return {"gate_up": None if f is None else (self.gate_up_path, f.weight, f.bias),
+                "down": (self.down_path, self.down_proj.weight, self.down_proj.bias)}
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         parts = (self.gate_proj, self.up_proj)
         self.gate_up_fusion = f = fused(self.gate_up_fusion, parts)
         if f is None:
             gate, up = linear(self.gate_proj, x, invariant), linear(self.up_proj, x, invariant)
+        elif invariant:
+            gate, up = linear_weights(x, f.weight, f.bias, True).split(f.split_sizes, dim=-1)
         else:
-            gate, up = linear_weights(x, f.weight, f.bias, invariant).split(f.split_sizes, dim=-1)
-        return linear(self.down_proj, F.silu(gate) * up, invariant)
+            gate, up = self.gate_up_path(x, f.weight, f.bias).split(f.split_sizes, dim=-1)
+        if invariant:
+            return linear(self.down_proj, F.silu(gate) * up, True)
+        return self.down_path.of(self.down_proj, F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -202,6 +224,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head_path = LinearPath()
 
     def fuse_projections(self) -> None:
         """Every layer's q/k/v and gate/up weights concatenated (one matmul each; ``fused_linear``). The
@@ -209,6 +232,20 @@ class LlamaModel(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+
+    def set_linear_paths(self, mode: str) -> dict[str, dict]:
+        """Choose F.linear or prepacked oneDNN per call site (``prepacked_linear``; ``mode`` "auto",
+        "torch" or "onednn") on layer 0's weights, apply the choice to every layer and pack the weights
+        now. Returns the choice per site, with the timings where measured."""
+        # a part that cannot be fused (None) runs F.linear on its own layers, outside any path
+        sites = [{name: site for name, site in {**layer.self_attn.linear_sites(), **layer.mlp.linear_sites()}.items()
+                  if site is not None} for layer in self.model.layers]
+        sites[0]["lm_head"] = (self.lm_head_path, self.lm_head.weight, self.lm_head.bias)
+        chosen = choose_paths({name: site[1:] for name, site in sites[0].items()}, mode)
+        for layer_sites in sites:
+            for name, (path, weight, _) in layer_sites.items():
+                path.use(chosen.get(name, {}).get("path") == "onednn", weight)
+        return chosen
 
     @property
     def dtype(self) -> torch.dtype:
@@ -253,7 +290,7 @@ class LlamaModel(nn.Module):
         ``batch_invariant``: on whole row tiles, so a row's logits do not depend on N.
         """
         if not batch_invariant:
-            return self.lm_head(hidden).to(torch.float32)
+            return self.lm_head_path.of(self.lm_head, hidden).to(torch.float32)
         n = hidden.shape[0]
         return linear(self.lm_head, pad_rows(hidden, padded_rows(n)), True)[:n].to(torch.float32)
 

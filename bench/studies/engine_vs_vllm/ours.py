@@ -43,7 +43,9 @@ class OursRunner:
                                  "max_num_batched_tokens": self.llm.max_num_batched_tokens,
                                  "enable_prefix_caching": False,
                                  "dtype": str(loaded.model.dtype),
-                                 "attention_backend": loaded.model.attention_backend.name})
+                                 "attention_backend": loaded.model.attention_backend.name,
+                                 "linear_paths": " ".join(f"{site}:{c['path']}"
+                                                          for site, c in self.llm.linear_paths.items())})
 
     def run(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> Run:
         from pagedbench.refengine import SamplingParams
