@@ -105,7 +105,8 @@ class LinearPath:
         return self(x, layer.weight, layer.bias)
 
 
-def _seconds(fn, reps: int) -> float:
+def seconds_per_call(fn, reps: int) -> float:
+    """Mean wall seconds of ``fn()`` over ``reps`` calls, after one call to warm it."""
     fn()
     start = time.perf_counter()
     for _ in range(reps):
@@ -123,12 +124,12 @@ def measure(weight: torch.Tensor, bias: torch.Tensor | None, rows: int = PROBE_R
         paths = {"torch": lambda: F.linear(x, weight, bias),
                  "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")}
         # enough calls per round for ~10 ms of work, so the timer's resolution does not decide
-        reps = max(1, min(50, int(0.01 / max(_seconds(paths["torch"], 1), 1e-6))))
+        reps = max(1, min(50, int(0.01 / max(seconds_per_call(paths["torch"], 1), 1e-6))))
         best = dict.fromkeys(paths, float("inf"))
         with torch.inference_mode():
             for _ in range(rounds):
                 for name, fn in paths.items():  # interleaved: a burst of load hits both alike
-                    best[name] = min(best[name], _seconds(fn, reps))
+                    best[name] = min(best[name], seconds_per_call(fn, reps))
         speedup = best["torch"] / best["onednn"]
         _chosen[key] = {"torch_ms": best["torch"] * 1e3, "onednn_ms": best["onednn"] * 1e3,
                         "speedup": speedup, "path": "onednn" if speedup >= MIN_SPEEDUP else "torch"}

@@ -7,7 +7,7 @@ CPU build takes with its ``_C::onednn_mm``). Each shape at each token count, the
 
 from __future__ import annotations
 
-import time
+from pagedbench.refengine.model.prepacked_linear import seconds_per_call
 
 
 def linear_shapes(config: dict) -> list[tuple[str, int, int]]:
@@ -19,14 +19,6 @@ def linear_shapes(config: dict) -> list[tuple[str, int, int]]:
     d = config.get("head_dim", h // heads)
     return [("qkv", (heads + 2 * kv_heads) * d, h), ("o", h, heads * d), ("gate_up", 2 * inter, h),
             ("down", h, inter), ("lm_head", config["vocab_size"], h)]
-
-
-def _best_s(fn, reps: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps
 
 
 def compare(config: dict, token_counts: tuple[int, ...] = (32, 512), rounds: int = 5, reps: int = 3,
@@ -48,7 +40,7 @@ def compare(config: dict, token_counts: tuple[int, ...] = (32, 512), rounds: int
             best = dict.fromkeys(paths, float("inf"))
             for _ in range(rounds):
                 for path, fn in paths.items():  # interleaved: a burst of load hits both alike
-                    best[path] = min(best[path], _best_s(fn, reps))
+                    best[path] = min(best[path], seconds_per_call(fn, reps))
             ref = x.double() @ w.double().T
             err = {p: ((fn().double() - ref).abs().max() / ref.abs().max()).item() for p, fn in paths.items()}
             rows.append({"status": "ok", "layer": name, "out_features": out_f, "in_features": in_f,
