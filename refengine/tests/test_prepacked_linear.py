@@ -121,3 +121,15 @@ def test_the_engine_refuses_an_unknown_linear_path():
 def test_the_engine_refuses_onednn_with_tensor_parallel_ranks():
     with pytest.raises(InvalidArgumentError, match="tensor_parallel_size=1 only"):
         LLM(CONFIG, num_blocks=8, block_size=4, linear_path="onednn", tensor_parallel_size=2)
+
+
+def test_every_site_of_a_forward_runs_through_its_path(monkeypatch):
+    llm = LLM(CONFIG, seed=3, num_blocks=32, block_size=4, linear_path="onednn")
+    called = []
+    real = LinearPath.__call__
+    monkeypatch.setattr(LinearPath, "__call__", lambda self, *a: called.append(self) or real(self, *a))
+    llm.generate([[3, 14, 15]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    model = llm.model
+    sites = [p for layer in model.model.layers for p in (layer.self_attn.qkv_path, layer.self_attn.o_path,
+                                                        layer.mlp.gate_up_path, layer.mlp.down_path)]
+    assert all(any(c is p for c in called) for p in [*sites, model.lm_head_path])
